@@ -1,0 +1,57 @@
+"""Compile an exploration into one Dask graph, run it, and report what happened.
+
+``graph`` owns the plain description of an exploration (``graph.spec``) that
+``pipelines`` builds; it never imports the builder.  Importing ``graph`` does not
+import Dask: the compiler and executor load on first use.
+
+>>> import graph
+>>> sorted(graph.__all__)[:3]
+['Branch', 'CompiledPipeline', 'PipelineError']
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import PipelineError, RunError
+
+__all__ = [
+    "Branch",
+    "CompiledPipeline",
+    "PipelineError",
+    "RunError",
+    "RunRecord",
+    "compile",
+    "connect",
+    "execute",
+]
+
+_LAZY = {
+    "Branch": "graph.compiler",
+    "CompiledPipeline": "graph.compiler",
+    "RunRecord": "graph.executor",
+    "execute": "graph.executor",
+    "connect": "graph.cluster",
+}
+
+
+def compile(node: Any):  # noqa: A001 - the contract name (DESIGN §3)
+    """Compile a pipeline node (or a ``graph.spec`` value) into a ``CompiledPipeline``.
+
+    >>> from pipelines import Pipeline, grid
+    >>> def load(): return 2
+    >>> def power(x, p): return x ** p
+    >>> c = compile(Pipeline("demo").source(load).explore("power", grid(power, p=[1, 2])))
+    >>> c.unique_tasks, c.naive_tasks
+    (3, 4)
+    """
+    from .compiler import compile_spec
+
+    return compile_spec(getattr(node, "spec", node))
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graph' has no attribute {name!r}")

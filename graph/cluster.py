@@ -1,0 +1,76 @@
+"""Where a run executes: a given client, a scheduler address, or an embedded ``LocalCluster``.
+
+>>> with connect(n_workers=1, quiet=True) as client:          # doctest: +SKIP
+...     client.dashboard_link
+'http://127.0.0.1:8787/status'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from distributed import Client, LocalCluster
+
+__all__ = ["connect", "default_workers"]
+
+
+def default_workers() -> int:
+    """One single-threaded worker process per core, at most four."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def connect(
+    client: Any = None,
+    *,
+    n_workers: int | None = None,
+    threads_per_worker: int = 1,
+    memory_limit: str | int | None = "auto",
+    dashboard_address: str = "127.0.0.1:0",
+    quiet: bool = False,
+) -> Iterator[Client]:
+    """Yield a ``distributed.Client``.
+
+    ``client`` may be a ``Client`` (used as is, left open), a scheduler address
+    string such as ``"tcp://127.0.0.1:8786"`` (connected to, then disconnected), or
+    ``None``: an embedded ``LocalCluster`` of worker processes on loopback, closed
+    afterwards.  The dashboard link is printed unless ``quiet``.
+    """
+    if isinstance(client, Client):
+        yield client
+        return
+    if isinstance(client, str):
+        with Client(client) as c:
+            _announce(c, "scheduler " + client, quiet)
+            yield c
+        return
+    if client is not None:
+        raise TypeError(
+            f"client must be a distributed.Client, a scheduler address or None, not {type(client).__name__}"
+        )
+    kwargs: dict[str, Any] = dict(
+        n_workers=n_workers or default_workers(),
+        threads_per_worker=threads_per_worker,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=dashboard_address,
+    )
+    if memory_limit is not None:
+        kwargs["memory_limit"] = memory_limit
+    with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+        _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
+        yield c
+
+
+def _announce(client: Client, what: str, quiet: bool) -> None:
+    if quiet:
+        return
+    link = client.dashboard_link if client.scheduler_info().get("services", {}).get("dashboard") else None
+    msg = f"[quiver] running on {what}"
+    if link:
+        msg += f"; dashboard: {link}"
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,275 @@
+"""Compile an exploration (``graph.spec``) into one Dask graph of ``dask.task_spec`` tasks.
+
+Every step instance becomes one ``Task`` whose key is a deterministic token of
+(function identity, parameters, input keys), so branches that reach the same
+work share one task.  Downstream of a choose, the graph holds the tasks of every
+branch that *could* be kept; the executor submits only those actually kept.
+
+>>> from graph.spec import SourceSpec, ExploreSpec, Alternative, Call
+>>> def load(): return 1
+>>> def add(x, n): return x + n
+>>> src = SourceSpec("demo", Call(load, (), "load"))
+>>> alts = tuple(Alternative("add", Call(add, (("n", n),), "add")) for n in (1, 2))
+>>> c = compile_spec(ExploreSpec(src, "plus", alts))
+>>> (c.naive_tasks, c.unique_tasks, len(c.branches))
+(4, 3, 2)
+>>> c.branches[1].choices
+{'plus': ('add', {'n': 2})}
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask.task_spec import Task, TaskRef
+
+from .errors import PipelineError
+from .keys import TokenizationError, metric_key, step_key
+from .spec import (
+    Call,
+    ChooseSpec,
+    CombineSpec,
+    ExploreSpec,
+    SourceSpec,
+    Spec,
+    StepSpec,
+    describe,
+    max_branches,
+)
+
+__all__ = ["Branch", "ChoosePoint", "CompiledPipeline", "compile_spec", "extract_metric"]
+
+Choice = tuple[str, str, tuple]  # (explore name, label, params)
+Gate = tuple[int, int]  # (choose point index, input branch index)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch reaching one node: its choices, its value's key and its path."""
+
+    choice_items: tuple[Choice, ...]
+    key: str
+    lineage: tuple[str, ...]
+    gates: tuple[Gate, ...] = ()
+
+    @property
+    def choices(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """``{explore name: (label, params)}`` in the order the explores were applied."""
+        return {name: (label, dict(params)) for name, label, params in self.choice_items}
+
+
+@dataclass
+class ChoosePoint:
+    """A choose and the branches flowing into it (with the keys of their metric tasks)."""
+
+    index: int
+    spec: ChooseSpec
+    inputs: list[Branch]
+    metric_keys: list[str]
+
+    def group_of(self, i: int) -> Any:
+        if self.spec.per is None:
+            return None
+        for name, label, params in self.inputs[i].choice_items:
+            if name == self.spec.per:
+                return (label, params)
+        return None
+
+
+@dataclass
+class CompiledPipeline:
+    """The whole exploration as one Dask graph, plus everything needed to run and report it.
+
+    ``graph`` maps each step key to its ``Task``; ``metric_graph`` holds the small
+    tasks that read each choose metric off a branch's value; ``branches`` are the
+    output node's branches (one per table row), in declaration order.
+    """
+
+    graph: dict[str, Task]
+    metric_graph: dict[str, Task]
+    branches: list[Branch]
+    chooses: list[ChoosePoint]
+    output: Spec
+    max_kept: int
+    dependents: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def output_keys(self) -> list[str]:
+        return [b.key for b in self.branches]
+
+    @property
+    def naive_tasks(self) -> int:
+        """Tasks if every output branch ran its own full path, sharing nothing."""
+        return sum(len(b.lineage) for b in self.branches)
+
+    @property
+    def unique_tasks(self) -> int:
+        """Step tasks in the compiled graph (identical work counted once)."""
+        return len(self.graph)
+
+    @property
+    def explore_names(self) -> list[str]:
+        names: dict[str, None] = {}
+        for b in self.branches:
+            for name, _, _ in b.choice_items:
+                names.setdefault(name, None)
+        return list(names)
+
+    @property
+    def single_value(self) -> bool:
+        """True when the output can hold at most one kept branch (``Result.value`` is not a list)."""
+        return self.max_kept == 1
+
+    def __repr__(self) -> str:
+        return (
+            f"<CompiledPipeline {describe(self.output)}: {len(self.branches)} branches, "
+            f"{self.unique_tasks} unique tasks ({self.naive_tasks} naive), "
+            f"{len(self.chooses)} choose point(s)>"
+        )
+
+
+def extract_metric(value: Any, metric: Any, where: str) -> float:
+    """Read a choose metric off a step's output (runs on a worker)."""
+    if callable(metric):
+        raw = metric(value)
+    else:
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"{where}: the metric {metric!r} is read from the step's output, which must be a "
+                f"mapping (e.g. a dict with key {metric!r}); the step returned "
+                f"{type(value).__name__}. Return a dict, or pass a callable metric."
+            )
+        if metric not in value:
+            raise KeyError(
+                f"{where}: the step's output has no key {metric!r} (keys: {sorted(map(str, value))})"
+            )
+        raw = value[metric]
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{where}: metric {metric!r} must be a real number, got {type(raw).__name__} {raw!r}"
+        ) from None
+
+
+class _Compiler:
+    def __init__(self) -> None:
+        self.graph: dict[str, Task] = {}
+        self.metric_graph: dict[str, Task] = {}
+        self.chooses: list[ChoosePoint] = []
+        self.memo: dict[int, list[Branch]] = {}
+
+    def task(self, spec: Spec, call: Call, inputs: tuple, args: tuple, kwargs: dict) -> str:
+        try:
+            key = step_key(call.fn, call.param_dict, inputs)
+        except TokenizationError as exc:
+            raise PipelineError(
+                f"{describe(spec)}: step {call.label} cannot be given a deterministic key ({exc}). "
+                "Use plain parameter values or give objects a __dask_tokenize__ method."
+            ) from None
+        if key not in self.graph:
+            self.graph[key] = Task(key, call.fn, *args, **kwargs, **call.param_dict)
+        return key
+
+    def branches(self, spec: Spec) -> list[Branch]:
+        if id(spec) not in self.memo:
+            self.memo[id(spec)] = self._branches(spec)
+        return self.memo[id(spec)]
+
+    def _branches(self, spec: Spec) -> list[Branch]:
+        if isinstance(spec, SourceSpec):
+            key = self.task(spec, spec.call, (), (), {})
+            return [Branch((), key, (key,))]
+        if isinstance(spec, StepSpec):
+            return [self._extend(spec, b, spec.call, b.choice_items) for b in self.branches(spec.input)]
+        if isinstance(spec, ExploreSpec):
+            out = []
+            for b in self.branches(spec.input):
+                for alt in spec.alternatives:
+                    items = b.choice_items + ((spec.name, alt.label, alt.call.params),)
+                    out.append(self._extend(spec, b, alt.call, items))
+            return out
+        if isinstance(spec, CombineSpec):
+            return self._combine(spec)
+        return self._choose(spec)
+
+    def _extend(self, spec: Spec, b: Branch, call: Call, items: tuple) -> Branch:
+        key = self.task(spec, call, (b.key,), (TaskRef(b.key),), {})
+        return Branch(items, key, _merge(b.lineage, (key,)), b.gates)
+
+    def _combine(self, spec: CombineSpec) -> list[Branch]:
+        names = [n for n, _ in spec.inputs]
+        per_input = [self.branches(s) for _, s in spec.inputs]
+        out = []
+        for combo in itertools.product(*per_input):
+            merged: dict[str, tuple[str, tuple]] = {}
+            ok = True
+            for b in combo:
+                for name, label, params in b.choice_items:
+                    if name in merged and merged[name] != (label, params):
+                        ok = False
+                        break
+                    merged.setdefault(name, (label, params))
+                if not ok:
+                    break
+            if not ok:
+                continue
+            inputs = tuple((n, b.key) for n, b in zip(names, combo))
+            kwargs = {n: TaskRef(b.key) for n, b in zip(names, combo)}
+            key = self.task(spec, spec.call, inputs, (), kwargs)
+            lineage: tuple[str, ...] = ()
+            gates: tuple[Gate, ...] = ()
+            for b in combo:
+                lineage = _merge(lineage, b.lineage)
+                gates = _merge(gates, b.gates)
+            items = tuple((n, lab, p) for n, (lab, p) in merged.items())
+            out.append(Branch(items, key, _merge(lineage, (key,)), gates))
+        if not out:
+            raise PipelineError(
+                f"{describe(spec)}: no combination of the inputs agrees on the explores they "
+                "share, so nothing would run. Check that the inputs come from the same explores."
+            )
+        return out
+
+    def _choose(self, spec: ChooseSpec) -> list[Branch]:
+        inputs = self.branches(spec.input)
+        index = len(self.chooses)
+        where = describe(spec)
+        mkeys = []
+        for b in inputs:
+            mk = metric_key(spec.metric, b.key)
+            if mk not in self.metric_graph:
+                self.metric_graph[mk] = Task(mk, extract_metric, TaskRef(b.key), spec.metric, where)
+            mkeys.append(mk)
+        self.chooses.append(ChoosePoint(index, spec, inputs, mkeys))
+        return [
+            Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),))
+            for i, b in enumerate(inputs)
+        ]
+
+
+def _merge(a: tuple, b: tuple) -> tuple:
+    seen = set(a)
+    return a + tuple(x for x in b if not (x in seen or seen.add(x)))
+
+
+def compile_spec(spec: Spec) -> CompiledPipeline:
+    """Compile the exploration ending at ``spec`` into a :class:`CompiledPipeline`."""
+    c = _Compiler()
+    branches = c.branches(spec)
+    dependents: dict[str, set[str]] = {k: set() for k in c.graph}
+    for key, task in c.graph.items():
+        for dep in task.dependencies:
+            dependents[dep].add(key)
+    return CompiledPipeline(
+        graph=c.graph,
+        metric_graph=c.metric_graph,
+        branches=branches,
+        chooses=c.chooses,
+        output=spec,
+        max_kept=max_branches(spec),
+        dependents=dependents,
+    )

@@ -1,0 +1,30 @@
+"""Exceptions raised by Quiver.
+
+>>> raise PipelineError("explore('pca'): grid(pca, n_components=[]) is empty")
+Traceback (most recent call last):
+    ...
+graph.errors.PipelineError: explore('pca'): grid(pca, n_components=[]) is empty
+"""
+
+from __future__ import annotations
+
+__all__ = ["PipelineError", "RunError"]
+
+
+class PipelineError(ValueError):
+    """A pipeline definition is wrong; raised when the pipeline is built.
+
+    The message names the node (pipeline name and step) and says how to fix it.
+    """
+
+
+class RunError(RuntimeError):
+    """A run could not produce any result (for example: every branch failed).
+
+    Nothing is lost: ``table`` holds every branch with its status, error and
+    traceback, exactly as ``Result.table`` would have.
+    """
+
+    def __init__(self, message: str, table=None):
+        super().__init__(message)
+        self.table = table

@@ -1,0 +1,78 @@
+"""Pure choose logic: which branches of one group a choose keeps.
+
+Ranking is by the metric (higher first for ``mode="max"``, lower first for
+``"min"``); ties go to the branch declared first (lower input index).  A NaN
+metric ranks after every number and never reaches a threshold.
+
+>>> decide({0: 0.5, 1: 0.9, 2: 0.9}, order=[2, 1, 0], pending=[], mode="max", k=None, threshold=None)
+Decision(keep=[1], drop=[2, 0], cancel=[], final=True)
+>>> decide({0: 0.5, 1: 0.9}, order=[1, 0], pending=[2, 3], mode="max", k=1, threshold=0.8)
+Decision(keep=[1], drop=[0], cancel=[2, 3], final=True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Decision", "decide", "rank", "meets", "sort_key"]
+
+
+@dataclass
+class Decision:
+    """Input indices to keep (best first), to drop (resolved, not kept) and to cancel (unfinished)."""
+
+    keep: list[int]
+    drop: list[int]
+    cancel: list[int]
+    final: bool
+
+
+def sort_key(metric: float, index: int, mode: str) -> tuple:
+    if math.isnan(metric):
+        return (1, 0.0, index)
+    return (0, -metric if mode == "max" else metric, index)
+
+
+def rank(metrics: Mapping[int, float], mode: str) -> list[int]:
+    """Indices ordered best first (NaN last, ties by index)."""
+    return sorted(metrics, key=lambda i: sort_key(metrics[i], i, mode))
+
+
+def meets(metric: float, threshold: float, mode: str) -> bool:
+    if math.isnan(metric):
+        return False
+    return metric >= threshold if mode == "max" else metric <= threshold
+
+
+def decide(
+    metrics: Mapping[int, float],
+    order: Sequence[int],
+    pending: Sequence[int],
+    mode: str,
+    k: int | None,
+    threshold: float | None,
+) -> Decision | None:
+    """Decide one group of a choose, or return ``None`` if it must wait for more results.
+
+    ``metrics`` holds the metric of every finished branch (failed ones are absent),
+    ``order`` their completion order, ``pending`` the branches still running.
+    """
+    if k is not None and threshold is not None:
+        reached = [i for i in order if i in metrics and meets(metrics[i], threshold, mode)]
+        if len(reached) >= k or not pending:
+            keep = reached[:k]
+            kept = set(keep)
+            drop = [i for i in order if i in metrics and i not in kept]
+            return Decision(keep, drop, list(pending), True)
+        return None
+    if pending:
+        return None
+    ranked = rank(metrics, mode)
+    if threshold is not None:
+        keep = [i for i in ranked if meets(metrics[i], threshold, mode)]
+    else:
+        keep = [i for i in ranked if not math.isnan(metrics[i])][: 1 if k is None else k]
+    kept = set(keep)
+    return Decision(keep, [i for i in ranked if i not in kept], [], True)

@@ -1,0 +1,190 @@
+"""The plain description of an exploration.
+
+``pipelines`` builds these immutable values; ``graph.compile`` turns them into a
+Dask graph.  Nothing here imports Dask, runs a step, or knows about the builder.
+
+>>> def load(): return [1, 2, 3]
+>>> src = SourceSpec(pipeline="demo", call=Call(load, (), "load"))
+>>> describe(src)
+"pipeline 'demo', source(load)"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
+
+__all__ = [
+    "Call",
+    "Alternative",
+    "SourceSpec",
+    "StepSpec",
+    "ExploreSpec",
+    "CombineSpec",
+    "ChooseSpec",
+    "Spec",
+    "describe",
+    "upstream",
+    "explore_names",
+    "fn_name",
+    "pipeline_name",
+    "max_branches",
+]
+
+Params = tuple[tuple[str, Any], ...]
+
+
+def fn_name(fn: Callable) -> str:
+    """A readable name for a callable (``functools.partial`` and callable objects included)."""
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and callable(inner):
+        return fn_name(inner)
+    name = getattr(fn, "__name__", None)
+    if name is None:
+        name = type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """A function with bound keyword parameters (in the order the user gave them)."""
+
+    fn: Callable
+    params: Params
+    label: str
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True, eq=False)
+class Alternative:
+    """One alternative of an explore: its label, function and parameters."""
+
+    label: str
+    call: Call
+
+
+@dataclass(frozen=True, eq=False)
+class SourceSpec:
+    pipeline: str
+    call: Call
+
+
+@dataclass(frozen=True, eq=False)
+class StepSpec:
+    input: "Spec"
+    call: Call
+
+
+@dataclass(frozen=True, eq=False)
+class ExploreSpec:
+    input: "Spec"
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class CombineSpec:
+    inputs: tuple[tuple[str, "Spec"], ...]
+    call: Call
+
+
+@dataclass(frozen=True, eq=False)
+class ChooseSpec:
+    input: "Spec"
+    metric: Union[str, Callable[[Any], Any]]
+    metric_name: str
+    mode: str = "max"
+    k: int | None = None
+    threshold: float | None = None
+    per: str | None = None
+
+    @property
+    def single(self) -> bool:
+        """True when at most one branch per group can be kept."""
+        return self.k == 1 or (self.k is None and self.threshold is None)
+
+
+Spec = Union[SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec]
+
+
+def upstream(spec: Spec) -> tuple[Spec, ...]:
+    """The specs feeding ``spec`` directly."""
+    if isinstance(spec, SourceSpec):
+        return ()
+    if isinstance(spec, CombineSpec):
+        return tuple(s for _, s in spec.inputs)
+    return (spec.input,)
+
+
+def pipeline_name(spec: Spec) -> str:
+    while not isinstance(spec, SourceSpec):
+        spec = upstream(spec)[0]
+    return spec.pipeline
+
+
+def describe(spec: Spec) -> str:
+    """A short, human description of one node, used in every error message."""
+    if isinstance(spec, SourceSpec):
+        what = f"source({spec.call.label})"
+    elif isinstance(spec, StepSpec):
+        what = f"then({spec.call.label})"
+    elif isinstance(spec, ExploreSpec):
+        what = f"explore({spec.name!r})"
+    elif isinstance(spec, CombineSpec):
+        what = f"combine({spec.call.label}, {', '.join(n for n, _ in spec.inputs)})"
+    else:
+        what = f"choose({spec.metric_name!r})"
+    return f"pipeline {pipeline_name(spec)!r}, {what}"
+
+
+def explore_names(spec: Spec) -> tuple[str, ...]:
+    """Every explore name upstream of (and including) ``spec``, in first-seen order."""
+    seen: dict[str, None] = {}
+    stack = [spec]
+    order: list[Spec] = []
+    visited: set[int] = set()
+    while stack:
+        s = stack.pop()
+        if id(s) in visited:
+            continue
+        visited.add(id(s))
+        order.append(s)
+        stack.extend(reversed(upstream(s)))
+    for s in reversed(order):
+        if isinstance(s, ExploreSpec):
+            seen.setdefault(s.name, None)
+    return tuple(seen)
+
+
+def max_branches(spec: Spec, _memo: dict | None = None) -> int:
+    """Upper bound of the branches at ``spec`` once every choose upstream has decided.
+
+    >>> def load(): return 1
+    >>> max_branches(SourceSpec("p", Call(load, (), "load")))
+    1
+    """
+    memo = {} if _memo is None else _memo
+    if id(spec) in memo:
+        return memo[id(spec)]
+    if isinstance(spec, SourceSpec):
+        n = 1
+    elif isinstance(spec, ExploreSpec):
+        n = max_branches(spec.input, memo) * len(spec.alternatives)
+    elif isinstance(spec, CombineSpec):
+        n = 1
+        for s in upstream(spec):
+            n *= max_branches(s, memo)
+    elif isinstance(spec, ChooseSpec):
+        n = max_branches(spec.input, memo)
+        if spec.per is None and spec.single:
+            n = min(n, 1)
+        elif spec.per is None and spec.k is not None:
+            n = min(n, spec.k)
+    else:
+        n = max_branches(spec.input, memo)
+    memo[id(spec)] = n
+    return n

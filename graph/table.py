@@ -1,0 +1,101 @@
+"""Build ``Result.table`` (one row per branch) and the kept values, best first.
+
+Columns: one per explore name (the alternative's label), one per parameter
+(``"<explore>.<param>"``), the choose metric columns, then scalar entries of the
+branch's final output when it is a mapping, then ``status``, ``seconds``,
+``chosen``, ``error``, ``failed_step`` and ``traceback``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from .compiler import Branch, CompiledPipeline
+from .ranking import sort_key
+
+__all__ = ["RowState", "build_table"]
+
+
+@dataclass
+class RowState:
+    branch: Branch
+    status: str
+    chosen: bool
+    metrics: list  # [(choose index, metric or None)]
+    error: str | None = None
+    traceback: str | None = None
+    failed_step: str | None = None
+    has_value: bool = False
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (numbers.Number, str, bool)) and not isinstance(v, complex)
+
+
+def build_table(
+    compiled: CompiledPipeline,
+    rows: list[RowState],
+    values: dict[str, Any],
+    seconds: dict[str, float],
+) -> tuple[pd.DataFrame, list]:
+    """Return ``(table, kept values best first)``."""
+    names = compiled.explore_names
+    param_cols: dict[str, None] = {}
+    for r in rows:
+        for name, _, params in r.branch.choice_items:
+            for p, _ in params:
+                param_cols.setdefault(f"{name}.{p}", None)
+    metric_cols: dict[str, None] = {}
+    for cp in compiled.chooses:
+        metric_cols.setdefault(cp.spec.metric_name, None)
+
+    records = []
+    for r in rows:
+        rec: dict[str, Any] = {n: None for n in names}
+        rec.update({c: None for c in param_cols})
+        for name, label, params in r.branch.choice_items:
+            rec[name] = label
+            for p, v in params:
+                rec[f"{name}.{p}"] = v
+        for ci, m in r.metrics:
+            rec[compiled.chooses[ci].spec.metric_name] = m
+        value = values.get(r.branch.key) if r.has_value else None
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if isinstance(k, str) and _scalar(v) and k not in rec:
+                    rec[k] = v
+        elif r.has_value and _scalar(value) and "value" not in rec:
+            rec["value"] = value
+        rec["status"] = r.status
+        rec["seconds"] = sum(seconds.get(k, 0.0) for k in r.branch.lineage)
+        rec["chosen"] = r.chosen
+        rec["error"] = r.error
+        rec["failed_step"] = r.failed_step
+        rec["traceback"] = r.traceback
+        records.append(rec)
+    fixed = list(names) + list(param_cols) + list(metric_cols)
+    tail = ["status", "seconds", "chosen", "error", "failed_step", "traceback"]
+    extra: dict[str, None] = {}
+    for rec in records:
+        for k in rec:
+            if k not in fixed and k not in tail:
+                extra.setdefault(k, None)
+    columns = fixed + list(extra) + tail
+    table = pd.DataFrame.from_records(records, columns=columns)
+    table.index.name = "branch"
+
+    def order(i: int) -> tuple:
+        r = rows[i]
+        if not r.metrics:
+            return (i,)
+        ci, m = r.metrics[-1]
+        return sort_key(float("nan") if m is None else m, i, compiled.chooses[ci].spec.mode)
+
+    kept_rows = sorted((i for i, r in enumerate(rows) if r.chosen and r.has_value), key=order)
+    kept = [values[rows[i].branch.key] for i in kept_rows]
+    return table, kept

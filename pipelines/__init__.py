@@ -1,0 +1,19 @@
+"""Quiver's builder API: explore alternatives, choose the best, run it all as one Dask graph.
+
+Importing ``pipelines`` does not import Dask.
+
+>>> from pipelines import Pipeline, grid
+>>> def load(): return [3, 1, 2]
+>>> def sort(xs, reverse): return {"first": sorted(xs, reverse=reverse)[0]}
+>>> best = Pipeline("demo").source(load).explore("order", grid(sort, reverse=[False, True])).choose("first")
+>>> best.compile().unique_tasks
+3
+"""
+
+from graph.errors import PipelineError, RunError
+
+from .alternatives import grid
+from .builder import Node, Pipeline, combine
+from .result import Result
+
+__all__ = ["Pipeline", "Node", "grid", "combine", "Result", "PipelineError", "RunError"]

@@ -1,0 +1,105 @@
+"""Alternatives of an explore: plain callables, named callables, and parameter grids.
+
+>>> def pca(x, n_components): return x
+>>> g = grid(pca, n_components=[8, 16])
+>>> [(a.label, a.call.params) for a in expand("explore('pca')", (g,), {})]
+[('pca', (('n_components', 8),)), ('pca', (('n_components', 16),))]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from graph.errors import PipelineError
+from graph.spec import Alternative, Call, fn_name
+
+__all__ = ["Grid", "grid", "expand"]
+
+
+class Grid:
+    """``grid(fn, **lists)``: one alternative per point of the Cartesian product of ``lists``.
+
+    Parameters are varied in the order given, the last one fastest.
+    """
+
+    def __init__(self, fn: Callable, **lists: Any):
+        self.fn = fn
+        self.lists = lists
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.lists.items())
+        return f"grid({fn_name(self.fn) if callable(self.fn) else self.fn!r}, {inner})"
+
+    def points(self, where: str) -> list[tuple[tuple[str, Any], ...]]:
+        if not callable(self.fn):
+            raise PipelineError(
+                f"{where}: {self!r} needs a callable as its first argument, got "
+                f"{type(self.fn).__name__}. Pass the step function itself: grid(fit, C=[1, 10])."
+            )
+        if not self.lists:
+            raise PipelineError(
+                f"{where}: {self!r} has no parameters to vary; pass the function itself "
+                "instead of a grid, or give lists: grid(fit, C=[1, 10])."
+            )
+        values = []
+        for name, vals in self.lists.items():
+            if isinstance(vals, (str, bytes)) or not isinstance(vals, Iterable):
+                raise PipelineError(
+                    f"{where}: {self!r}: parameter {name!r} must be a list of values to try, "
+                    f"got {type(vals).__name__} {vals!r}. Write {name}=[{vals!r}] for one value."
+                )
+            vals = list(vals)
+            if not vals:
+                raise PipelineError(
+                    f"{where}: {self!r}: the list for {name!r} is empty, so the grid has no "
+                    f"points. Give at least one value, e.g. {name}=[...]."
+                )
+            values.append([(name, v) for v in vals])
+        return [tuple(point) for point in itertools.product(*values)]
+
+
+def grid(fn: Callable, **lists: Any) -> Grid:
+    """Expand ``fn`` into one alternative per point of the parameter grid.
+
+    >>> def fit(x, C, penalty): return x
+    >>> len(grid(fit, C=[0.1, 1, 10], penalty=["l2"]).points("example"))
+    3
+    """
+    return Grid(fn, **lists)
+
+
+def expand(where: str, positional: tuple, named: dict[str, Any]) -> tuple[Alternative, ...]:
+    """Turn ``explore``'s arguments into labelled alternatives, checking each one."""
+    out: list[Alternative] = []
+    items = [(None, a) for a in positional] + list(named.items())
+    for label, alt in items:
+        if isinstance(alt, Grid):
+            base = label or (fn_name(alt.fn) if callable(alt.fn) else "grid")
+            for point in alt.points(where):
+                out.append(Alternative(base, Call(alt.fn, point, fn_name(alt.fn))))
+        elif callable(alt):
+            out.append(Alternative(label or fn_name(alt), Call(alt, (), fn_name(alt))))
+        else:
+            what = f"alternative {label!r}" if label else f"alternative #{len(out) + 1}"
+            raise PipelineError(
+                f"{where}: {what} is a {type(alt).__name__} ({alt!r}), not a callable. Pass a "
+                "step function fn(value, **params), or grid(fn, param=[...]) for a parameter grid."
+            )
+    if not out:
+        raise PipelineError(
+            f"{where}: nothing to explore. Give at least one alternative: a function, "
+            "name=function, or grid(fn, param=[...])."
+        )
+    seen: dict[tuple, int] = {}
+    for i, a in enumerate(out):
+        ident = (a.label, repr(a.call.params))
+        if ident in seen:
+            raise PipelineError(
+                f"{where}: alternatives #{seen[ident] + 1} and #{i + 1} are both labelled "
+                f"{a.label!r} with the same parameters, so the table could not tell them apart. "
+                "Name them: explore(name, first=f, second=g)."
+            )
+        seen[ident] = i
+    return tuple(out)

@@ -1,0 +1,268 @@
+"""The builder API: ``Pipeline``, ``Node`` and ``combine``.
+
+Nodes are immutable values.  Building a pipeline runs nothing: it only checks the
+definition (raising ``PipelineError`` that names the node and the fix) and
+records a plain ``graph.spec`` description.
+
+>>> from pipelines import Pipeline, grid
+>>> def load(seed): return list(range(10))
+>>> def scale(xs, factor): return [x * factor for x in xs]
+>>> def score(xs): return {"total": sum(xs)}
+>>> p = Pipeline("demo")
+>>> best = (p.source(load, seed=0)
+...           .explore("scale", grid(scale, factor=[1, 2, 3]))
+...           .then(score)
+...           .choose("total", mode="max"))
+>>> best
+<Node pipeline 'demo', choose('total'): up to 3 branches>
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from graph.errors import PipelineError
+from graph.spec import (
+    Call,
+    ChooseSpec,
+    CombineSpec,
+    ExploreSpec,
+    SourceSpec,
+    Spec,
+    StepSpec,
+    describe,
+    explore_names,
+    fn_name,
+    max_branches,
+)
+
+from .alternatives import expand
+
+__all__ = ["Pipeline", "Node", "combine"]
+
+
+def _check_callable(where: str, fn: Any, role: str) -> None:
+    if not callable(fn):
+        raise PipelineError(
+            f"{where}: the {role} must be a callable, got {type(fn).__name__} {fn!r}. "
+            "Pass the function itself (fn, not fn())."
+        )
+
+
+def _check_call(where: str, call: Call, inputs: tuple[str, ...] | None) -> None:
+    """Check that ``call.fn`` accepts the value(s) it will get plus its parameters."""
+    from graph.keys import check_tokenizable  # imports Dask: only when a pipeline is built
+
+    check_tokenizable(where, f"step function {call.label}", call.fn)
+    for name, value in call.params:
+        check_tokenizable(where, f"parameter {name!r} of {call.label}", value)
+    try:
+        sig = inspect.signature(call.fn)
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return
+    if inputs is None:
+        args, kwargs, shape = (object(),), {}, f"{call.label}(value, **params)"
+    else:
+        args, kwargs = (), {n: object() for n in inputs}
+        shape = f"{call.label}({', '.join(inputs)}{', **params' if inputs else '**params'})"
+    try:
+        sig.bind(*args, **kwargs, **call.param_dict)
+    except TypeError as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in call.params) or "no parameters"
+        raise PipelineError(
+            f"{where}: {call.label}{sig} cannot be called as {shape} with {given}: {exc}. "
+            "Fix the parameter names, or the step's signature."
+        ) from None
+
+
+def _call(fn: Callable, params: dict[str, Any]) -> Call:
+    return Call(fn, tuple(params.items()), fn_name(fn))
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One point of a pipeline; every branch flowing into it continues from here."""
+
+    spec: Spec
+
+    def __repr__(self) -> str:
+        return f"<Node {describe(self.spec)}: up to {max_branches(self.spec)} branches>"
+
+    # ---- building -------------------------------------------------------------------------
+    def then(self, fn: Callable, **params: Any) -> "Node":
+        """Apply ``fn(value, **params)`` to every branch flowing into this node.
+
+        >>> from pipelines import Pipeline
+        >>> Pipeline("p").source(lambda: 1).then(abs)
+        <Node pipeline 'p', then(abs): up to 1 branches>
+        """
+        where = f"{describe(self.spec)} -> then({fn_name(fn) if callable(fn) else fn!r})"
+        _check_callable(where, fn, "step")
+        call = _call(fn, params)
+        _check_call(where, call, None)
+        return Node(StepSpec(self.spec, call))
+
+    def explore(self, name: str, *alternatives: Any, **named_alternatives: Any) -> "Node":
+        """Branch out: one branch per alternative (a callable, ``name=callable`` or ``grid(...)``).
+
+        >>> from pipelines import Pipeline, grid
+        >>> def f(x, a): return x + a
+        >>> Pipeline("p").source(lambda: 1).explore("add", grid(f, a=[1, 2]), two=lambda x: 2 * x)
+        <Node pipeline 'p', explore('add'): up to 3 branches>
+        """
+        where = f"{describe(self.spec)} -> explore({name!r})"
+        if not isinstance(name, str) or not name.strip():
+            raise PipelineError(
+                f"{where}: the explore name must be a non-empty string naming the choice "
+                "(it becomes a table column), e.g. explore('scaler', ...)."
+            )
+        if name in explore_names(self.spec):
+            raise PipelineError(
+                f"{where}: an explore named {name!r} is already upstream on this path, so its "
+                "column would be ambiguous. Give this explore another name, e.g. "
+                f"explore({name + '_2'!r}, ...)."
+            )
+        alts = expand(where, alternatives, named_alternatives)
+        for alt in alts:
+            _check_call(f"{where}, alternative {alt.label!r}", alt.call, None)
+        return Node(ExploreSpec(self.spec, name, alts))
+
+    def choose(
+        self,
+        metric: str | Callable[[Any], float],
+        mode: str = "max",
+        k: int | None = None,
+        threshold: float | None = None,
+        per: str | None = None,
+    ) -> "Node":
+        """Keep the best branches by ``metric`` (see DESIGN §2 for each mode).
+
+        ``metric`` is a key of the step's mapping output, or a callable on it.
+        Neither ``k`` nor ``threshold``: the single best.  ``k``: the top ``k``.
+        ``threshold``: every branch at or past it.  Both: the first ``k`` to reach
+        it, in completion order, cancelling the rest.  ``per="explore name"``:
+        choose separately inside each alternative of that explore.  Ties go to the
+        branch declared first; a NaN metric ranks last and never meets a threshold.
+
+        >>> from pipelines import Pipeline, grid
+        >>> def f(x, a): return {"score": x + a}
+        >>> Pipeline("p").source(lambda: 1).explore("a", grid(f, a=[1, 2, 3])).choose("score", k=2)
+        <Node pipeline 'p', choose('score'): up to 2 branches>
+        """
+        label = metric if isinstance(metric, str) else fn_name(metric) if callable(metric) else repr(metric)
+        where = f"{describe(self.spec)} -> choose({label!r})"
+        if not isinstance(metric, str) and not callable(metric):
+            raise PipelineError(
+                f"{where}: metric must be a key of the step's output mapping (a string) or a "
+                f"callable on the output, got {type(metric).__name__}."
+            )
+        if mode not in ("max", "min"):
+            raise PipelineError(
+                f"{where}: unknown mode {mode!r}; use mode='max' (higher is better) or "
+                "mode='min' (lower is better)."
+            )
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
+            raise PipelineError(f"{where}: k must be a whole number >= 1, got {k!r}.")
+        if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(threshold):
+                raise PipelineError(f"{where}: threshold must be a real number (not NaN), got {threshold!r}.")
+        names = explore_names(self.spec)
+        if not names:
+            raise PipelineError(
+                f"{where}: nothing is explored upstream, so there is only one branch to choose "
+                "from. Add an explore(...) before this choose, or remove the choose."
+            )
+        if per is not None and per not in names:
+            raise PipelineError(
+                f"{where}: per={per!r} is not an explore upstream of this choose; use one of "
+                f"{list(names)}."
+            )
+        return Node(
+            ChooseSpec(
+                self.spec,
+                metric,
+                label,
+                mode,
+                None if k is None else int(k),
+                None if threshold is None else float(threshold),
+                per,
+            )
+        )
+
+    # ---- compiling and running ------------------------------------------------------------------
+    def compile(self):
+        """The compiled Dask graph of this node (``graph.compile``): inspect it without a cluster."""
+        import graph
+
+        return graph.compile(self)
+
+    def run(self, client: Any = None, **options: Any):
+        """Run the exploration and return a :class:`pipelines.Result`.
+
+        ``client``: a ``distributed.Client``, a scheduler address, or ``None`` for an
+        embedded ``LocalCluster`` (closed afterwards).  Options: ``workers``,
+        ``threads_per_worker``, ``memory_limit`` (embedded cluster only),
+        ``progress`` (``True``/``False``; default: only on a terminal), ``quiet``
+        (no dashboard line), ``raise_if_all_failed`` (default ``True``).
+        """
+        from .runner import run_node
+
+        return run_node(self, client, **options)
+
+
+def combine(fn: Callable, **inputs: Any) -> Node:
+    """Feed several nodes into one step ``fn(**values, **params)``.
+
+    Keyword arguments that are nodes are inputs; the others are fixed parameters.
+    Branches are joined on the explore names the inputs share (same choice) and
+    crossed on the rest.
+
+    >>> from pipelines import Pipeline, combine
+    >>> p = Pipeline("p")
+    >>> a = p.source(lambda: 1).explore("x", one=lambda v: v, two=lambda v: 2 * v)
+    >>> b = a.explore("y", neg=lambda v: -v, pos=lambda v: v)
+    >>> combine(lambda left, right: left + right, left=a, right=b)
+    <Node pipeline 'p', combine(lambda, left, right): up to 8 branches>
+    """
+    where = f"combine({fn_name(fn) if callable(fn) else fn!r})"
+    _check_callable(where, fn, "combine step")
+    nodes = {k: v for k, v in inputs.items() if isinstance(v, Node)}
+    params = {k: v for k, v in inputs.items() if not isinstance(v, Node)}
+    if not nodes:
+        raise PipelineError(
+            f"{where}: no input nodes given; pass them as keywords, e.g. combine(fn, left=a, right=b)."
+        )
+    call = _call(fn, params)
+    first = next(iter(nodes.values())).spec
+    _check_call(f"{describe(first)} -> {where}", call, tuple(nodes))
+    return Node(CombineSpec(tuple((k, n.spec) for k, n in nodes.items()), call))
+
+
+class Pipeline:
+    """A named exploration; ``source`` starts it.
+
+    >>> Pipeline("digits").source(lambda seed: seed, seed=0)
+    <Node pipeline 'digits', source(lambda): up to 1 branches>
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise PipelineError(f"Pipeline name must be a non-empty string, got {name!r}.")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r})"
+
+    def source(self, fn: Callable, **params: Any) -> Node:
+        """Start a branch with ``fn(**params)`` (a source has no input value)."""
+        where = f"pipeline {self.name!r}, source({fn_name(fn) if callable(fn) else fn!r})"
+        _check_callable(where, fn, "source")
+        call = _call(fn, params)
+        _check_call(where, call, ())
+        return Node(SourceSpec(self.name, call))
+

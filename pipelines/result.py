@@ -1,0 +1,43 @@
+"""The result of running an exploration.
+
+>>> r = Result(table=None, value=3, values=[3], stats={"executed_tasks": 2})
+>>> r.value, r.stats["executed_tasks"]
+(3, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Result"]
+
+
+@dataclass
+class Result:
+    """``table``: a pandas DataFrame, one row per branch (choices, parameters, metrics,
+    ``status``, ``seconds``, ``chosen``, ``error``, ``failed_step``, ``traceback``).
+    ``value``: the chosen branch's output when at most one branch can be kept, else a
+    list of the kept outputs, best first.  ``values``: always that list.
+    ``stats``: ``naive_tasks``, ``unique_tasks``, ``executed_tasks``,
+    ``peak_memory_bytes``, ``spilled_bytes`` and more.
+    """
+
+    table: Any
+    value: Any
+    values: list
+    stats: dict = field(default_factory=dict)
+    compiled: Any = field(default=None, repr=False)
+
+    @property
+    def chosen(self):
+        """The rows of ``table`` that were kept."""
+        return self.table[self.table["chosen"]]
+
+    def __repr__(self) -> str:
+        s = self.stats
+        n = len(self.table) if self.table is not None else 0
+        return (
+            f"<Result {n} branches, {s.get('executed_tasks')} tasks executed of "
+            f"{s.get('unique_tasks')} unique ({s.get('naive_tasks')} naive)>"
+        )

@@ -28,6 +28,7 @@ from dask.task_spec import Task, TaskRef
 
 from .errors import PipelineError
 from .keys import TokenizationError, metric_key, step_key
+from .shipping import shippable
 from .spec import (
     Call,
     ChooseSpec,
@@ -171,7 +172,7 @@ class _Compiler:
                 "Use plain parameter values or give objects a __dask_tokenize__ method."
             ) from None
         if key not in self.graph:
-            self.graph[key] = Task(key, call.fn, *args, **kwargs, **call.param_dict)
+            self.graph[key] = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
         return key
 
     def branches(self, spec: Spec) -> list[Branch]:
@@ -242,7 +243,7 @@ class _Compiler:
         for b in inputs:
             mk = metric_key(spec.metric, b.key)
             if mk not in self.metric_graph:
-                self.metric_graph[mk] = Task(mk, extract_metric, TaskRef(b.key), spec.metric, where)
+                self.metric_graph[mk] = Task(mk, extract_metric, TaskRef(b.key), shippable(spec.metric), where)
             mkeys.append(mk)
         self.chooses.append(ChoosePoint(index, spec, inputs, mkeys))
         return [

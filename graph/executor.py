@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
 from .compiler import CompiledPipeline
@@ -110,25 +111,35 @@ class _Execution:
     def _open(self, tip: _Tip) -> bool:
         return all(self.gate.get(g) == "keep" for g in tip.branch.gates)
 
+    def _priority(self, tip: _Tip) -> int:
+        """Depth-first: branches past more chooses first, then in declaration order."""
+        n = len(self.tips)
+        return len(tip.branch.gates) * n + (n - tip.id)
+
     def _submit_ready(self) -> None:
         dsk: dict[str, Any] = {}
+        priority: dict[str, int] = {}
         ready = []
         for tip in self.tips:
             if tip.state != WAITING or tip.dead or not self._open(tip):
                 continue
-            for k in tip.branch.lineage:
-                if k not in self.submitted and k not in dsk:
-                    dsk[k] = self.c.graph[k]
+            p = self._priority(tip)
             mk = self._metric_key(tip)
-            if mk is not None and mk not in self.submitted and mk not in dsk:
-                dsk[mk] = self.c.metric_graph[mk]
+            for k in tip.branch.lineage + ((mk,) if mk else ()):
+                if k in self.submitted:
+                    continue
+                dsk[k] = self.c.graph[k] if k in self.c.graph else self.c.metric_graph[k]
+                priority[k] = max(priority.get(k, p), p)
             tip.state = SUBMITTED
             ready.append(tip)
         if dsk:
-            futures = self.client.get(dsk, list(dsk), sync=False)
-            for key, fut in zip(dsk, futures):
-                self.futures[key] = fut
-                self.submitted.add(key)
+            layer = MaterializedLayer(dsk, annotations={"priority": priority.__getitem__})
+            hlg = HighLevelGraph({f"quiver-{uuid.uuid4().hex[:8]}": layer}, {})
+            hlg.dependencies = {name: set() for name in hlg.layers}
+            futures = self.client.get(hlg, list(dsk), sync=False)
+            for fut in futures:
+                self.futures[fut.key] = fut
+                self.submitted.add(fut.key)
                 fut.add_done_callback(lambda f: self.events.put(f.key))
         for tip in ready:
             self._check(tip)

@@ -11,6 +11,7 @@ Dask graph.  Nothing here imports Dask, runs a step, or knows about the builder.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -57,6 +58,21 @@ class Call:
     @property
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
+
+    @classmethod
+    def of(cls, fn: Callable, params: Params = ()) -> "Call":
+        """Bind ``params`` to ``fn``; a ``functools.partial`` with keywords only is unwrapped,
+        so ``partial(f, n=1)`` and ``f`` with ``n=1`` are the same work.
+
+        >>> import functools
+        >>> def f(x, n): return x + n
+        >>> Call.of(functools.partial(f, n=1)).params
+        (('n', 1),)
+        """
+        while isinstance(fn, functools.partial) and not fn.args:
+            params = tuple(fn.keywords.items()) + tuple(p for p in params if p[0] not in fn.keywords)
+            fn = fn.func
+        return cls(fn, tuple(params), fn_name(fn))
 
 
 @dataclass(frozen=True, eq=False)

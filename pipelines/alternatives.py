@@ -78,9 +78,9 @@ def expand(where: str, positional: tuple, named: dict[str, Any]) -> tuple[Altern
         if isinstance(alt, Grid):
             base = label or (fn_name(alt.fn) if callable(alt.fn) else "grid")
             for point in alt.points(where):
-                out.append(Alternative(base, Call(alt.fn, point, fn_name(alt.fn))))
+                out.append(Alternative(base, Call.of(alt.fn, point)))
         elif callable(alt):
-            out.append(Alternative(label or fn_name(alt), Call(alt, (), fn_name(alt))))
+            out.append(Alternative(label or fn_name(alt), Call.of(alt)))
         else:
             what = f"alternative {label!r}" if label else f"alternative #{len(out) + 1}"
             raise PipelineError(

@@ -14,7 +14,7 @@ records a plain ``graph.spec`` description.
 ...           .then(score)
 ...           .choose("total", mode="max"))
 >>> best
-<Node pipeline 'demo', choose('total'): up to 3 branches>
+<Node pipeline 'demo', choose('total'): up to 1 branch>
 """
 
 from __future__ import annotations
@@ -80,8 +80,12 @@ def _check_call(where: str, call: Call, inputs: tuple[str, ...] | None) -> None:
         ) from None
 
 
+def _label(fn: Any) -> str:
+    return fn_name(fn) if callable(fn) else repr(fn)
+
+
 def _call(fn: Callable, params: dict[str, Any]) -> Call:
-    return Call(fn, tuple(params.items()), fn_name(fn))
+    return Call.of(fn, tuple(params.items()))
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +95,8 @@ class Node:
     spec: Spec
 
     def __repr__(self) -> str:
-        return f"<Node {describe(self.spec)}: up to {max_branches(self.spec)} branches>"
+        n = max_branches(self.spec)
+        return f"<Node {describe(self.spec)}: up to {n} branch{'' if n == 1 else 'es'}>"
 
     # ---- building -------------------------------------------------------------------------
     def then(self, fn: Callable, **params: Any) -> "Node":
@@ -99,9 +104,9 @@ class Node:
 
         >>> from pipelines import Pipeline
         >>> Pipeline("p").source(lambda: 1).then(abs)
-        <Node pipeline 'p', then(abs): up to 1 branches>
+        <Node pipeline 'p', then(abs): up to 1 branch>
         """
-        where = f"{describe(self.spec)} -> then({fn_name(fn) if callable(fn) else fn!r})"
+        where = f"{describe(self.spec)} -> then({_label(fn)})"
         _check_callable(where, fn, "step")
         call = _call(fn, params)
         _check_call(where, call, None)
@@ -229,7 +234,7 @@ def combine(fn: Callable, **inputs: Any) -> Node:
     >>> combine(lambda left, right: left + right, left=a, right=b)
     <Node pipeline 'p', combine(lambda, left, right): up to 8 branches>
     """
-    where = f"combine({fn_name(fn) if callable(fn) else fn!r})"
+    where = f"combine({_label(fn)})"
     _check_callable(where, fn, "combine step")
     nodes = {k: v for k, v in inputs.items() if isinstance(v, Node)}
     params = {k: v for k, v in inputs.items() if not isinstance(v, Node)}
@@ -247,7 +252,7 @@ class Pipeline:
     """A named exploration; ``source`` starts it.
 
     >>> Pipeline("digits").source(lambda seed: seed, seed=0)
-    <Node pipeline 'digits', source(lambda): up to 1 branches>
+    <Node pipeline 'digits', source(lambda): up to 1 branch>
     """
 
     def __init__(self, name: str):
@@ -260,7 +265,7 @@ class Pipeline:
 
     def source(self, fn: Callable, **params: Any) -> Node:
         """Start a branch with ``fn(**params)`` (a source has no input value)."""
-        where = f"pipeline {self.name!r}, source({fn_name(fn) if callable(fn) else fn!r})"
+        where = f"pipeline {self.name!r}, source({_label(fn)})"
         _check_callable(where, fn, "source")
         call = _call(fn, params)
         _check_call(where, call, ())

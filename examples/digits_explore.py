@@ -22,9 +22,6 @@ from sklearn.svm import SVC
 
 from pipelines import Pipeline, grid
 
-SPLITS = ("train", "val", "test")
-
-
 def load_split(seed: int) -> dict:
     """Digits split 60/20/20 (stratified, seeded) into train, validation and test sets."""
     X, y = load_digits(return_X_y=True)
@@ -36,9 +33,9 @@ def load_split(seed: int) -> dict:
 
 
 def _transform(data: dict, transformer) -> dict:
-    transformer.fit(data["X_train"])
     out = dict(data)
-    for split in SPLITS:
+    out["X_train"] = transformer.fit_transform(data["X_train"])  # as sklearn's Pipeline.fit does
+    for split in ("val", "test"):
         out[f"X_{split}"] = transformer.transform(data[f"X_{split}"])
     return out
 

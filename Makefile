@@ -1,0 +1,32 @@
+# One command each, on a fresh machine (Python 3.10+ with venv):
+#   make demo    set everything up, run the digits exploration on an embedded LocalCluster
+#   make test    set everything up, run the test suite
+#   make bench   set everything up, run the benchmarks (tables printed, JSON in benchmarks/results/)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+# torch is installed first and pinned: 2.13.0's CPU wheel is what this project is tested with,
+# and installing it before the project keeps pip from resolving a (multi-GB) CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench]"
+	touch $@
+
+demo: setup
+	$(BIN)/python examples/digits_explore.py
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/explore_vs_naive.py
+
+clean:
+	rm -rf $(VENV) dask-worker-space dask-scratch-space

@@ -44,6 +44,18 @@ _LAZY = {
     "load_digits_tensors": "gpu.models",
     "load_mnist_tensors": "gpu.models",
     "synthetic_cifar": "gpu.models",
+    # training as a pipeline step, and clusters for both kinds of host
+    "train": "gpu.train",
+    "TrainConfig": "gpu.engine",
+    "cluster": "gpu.cluster",
+    "gpu_count": "gpu.cluster",
+    # worker-to-worker collectives and gangs
+    "Collective": "gpu.allreduce",
+    "CollectiveError": "gpu.allreduce",
+    "measure_bandwidth": "gpu.allreduce",
+    "run_gang": "gpu.gang",
+    "GangError": "gpu.gang",
+    "GangContext": "gpu.gang",
 }
 
 __all__ = sorted(_LAZY)

@@ -20,6 +20,7 @@ branch that *could* be kept; the executor submits only those actually kept.
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from .spec import (
     max_branches,
 )
 
-__all__ = ["Branch", "ChoosePoint", "CompiledPipeline", "compile_spec", "extract_metric"]
+__all__ = ["Branch", "ChoosePoint", "CompiledPipeline", "compile_spec", "extract_metric", "scalar_entries"]
 
 Choice = tuple[str, str, tuple]  # (explore name, label, params)
 Gate = tuple[int, int]  # (choose point index, input branch index)
@@ -132,8 +133,23 @@ class CompiledPipeline:
         )
 
 
-def extract_metric(value: Any, metric: Any, where: str) -> float:
-    """Read a choose metric off a step's output (runs on a worker)."""
+def scalar_entries(value: Any) -> dict[str, Any]:
+    """The small scalar entries (numbers, booleans, short strings) of a mapping output."""
+    out: dict[str, Any] = {}
+    if not isinstance(value, Mapping):
+        return out
+    for k, v in value.items():
+        if hasattr(v, "item") and getattr(v, "shape", None) == ():
+            v = v.item()  # numpy / torch scalars
+        if isinstance(k, str) and isinstance(v, (numbers.Number, str)) and not isinstance(v, complex):
+            if not isinstance(v, str) or len(v) <= 200:
+                out[k] = v
+    return out
+
+
+def extract_metric(value: Any, metric: Any, where: str) -> tuple[float, dict[str, Any]]:
+    """Read a choose metric off a step's output (runs on a worker), with the output's
+    scalar entries so the table can show every branch's figures without moving its value."""
     if callable(metric):
         raw = metric(value)
     else:
@@ -149,7 +165,7 @@ def extract_metric(value: Any, metric: Any, where: str) -> float:
             )
         raw = value[metric]
     try:
-        return float(raw)
+        return float(raw), scalar_entries(value)
     except (TypeError, ValueError):
         raise TypeError(
             f"{where}: metric {metric!r} must be a real number, got {type(raw).__name__} {raw!r}"

@@ -48,6 +48,7 @@ class _Tip:
     state: str = WAITING
     dead: bool = False
     metric: float | None = None
+    scalars: dict | None = None
     error: str | None = None
     traceback: str | None = None
     failed_step: str | None = None
@@ -78,7 +79,7 @@ class _Execution:
         self.finished: set[str] = set()
         self.errored: set[str] = set()
         self.errors: dict[str, tuple[str, str]] = {}
-        self.metric_values: dict[str, float] = {}
+        self.metric_values: dict[str, tuple[float, dict]] = {}
         self.candidates: set[str] = set()
         self.events: queue.Queue[str] = queue.Queue()
         self.gate: dict[tuple[int, int], str] = {}
@@ -157,7 +158,7 @@ class _Execution:
         target = mk or tip.branch.key
         if target in self.finished:
             if mk is not None:
-                tip.metric = self.metric_values[mk]
+                tip.metric, tip.scalars = self.metric_values[mk]
                 self.completion[tip.choose].append(tip.index)
             tip.state = DONE
             self._mark(tip)
@@ -353,6 +354,7 @@ class _Execution:
                     status=status,
                     chosen=status == "ok" and all(s == "keep" for s in states),
                     metrics=[(g[0], t.metric) for g, t in zip(b.gates, gate_tips)],
+                    scalars={k: v for t in gate_tips for k, v in (t.scalars or {}).items()},
                     error=failed.error if failed else None,
                     traceback=failed.traceback if failed else None,
                     failed_step=failed.failed_step if failed else None,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from .compiler import Branch, CompiledPipeline
+from .compiler import Branch, CompiledPipeline, scalar_entries
 from .ranking import sort_key
 
 __all__ = ["RowState", "build_table"]
@@ -31,6 +31,7 @@ class RowState:
     traceback: str | None = None
     failed_step: str | None = None
     has_value: bool = False
+    scalars: dict = field(default_factory=dict)
 
 
 def _scalar(v: Any) -> bool:
@@ -65,11 +66,12 @@ def build_table(
         for ci, m in r.metrics:
             rec[compiled.chooses[ci].spec.metric_name] = m
         value = values.get(r.branch.key) if r.has_value else None
-        if isinstance(value, Mapping):
-            for k, v in value.items():
-                if isinstance(k, str) and _scalar(v) and k not in rec:
-                    rec[k] = v
-        elif r.has_value and _scalar(value) and "value" not in rec:
+        entries = dict(r.scalars)
+        entries.update(scalar_entries(value))
+        for k, v in entries.items():
+            if k not in rec:
+                rec[k] = v
+        if r.has_value and not isinstance(value, Mapping) and _scalar(value) and "value" not in rec:
             rec["value"] = value
         rec["status"] = r.status
         rec["seconds"] = sum(seconds.get(k, 0.0) for k in r.branch.lineage)

@@ -1,0 +1,293 @@
+"""The training loop one gang member runs: its replica group, its data shard, sync, tuning.
+
+Every member builds the same seeded model, trains its own shard with ``replicas``
+replicas (SMA) or ``replicas`` gradient batches (S-SGD), and calls ``ctx.allreduce`` to sum
+over all members; alone, ``ctx`` is :class:`Solo` and the all-reduce is the identity.
+
+>>> import torch
+>>> from gpu.models import MLP, load_digits_tensors
+>>> data = load_digits_tensors(seed=0)                                   # doctest: +SKIP
+>>> cfg = TrainConfig(epochs=1, lr=0.05, batch_size=16, replicas=2)
+>>> out = run_member(Solo(), data, lambda: MLP(64, 10), cfg)              # doctest: +SKIP
+>>> sorted(out)                                                          # doctest: +SKIP
+['delta_prev', 'history', 'replicas', 'tuning', 'z']
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .replicas import ReplicaGroup, SSGDGroup, replica_batches
+from .sma import SMAConfig
+from .tuning import PartitionedSync, ReplicaTuner, choose_partitions
+
+__all__ = ["TrainConfig", "Solo", "run_member", "shard"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs besides data and model (validated on construction)."""
+
+    epochs: int = 5
+    lr: float = 0.05
+    batch_size: int = 16
+    replicas: int | str = "auto"
+    algorithm: str = "sma"
+    target_accuracy: float | None = None
+    momentum: float = 0.9
+    central_momentum: float = 0.9
+    alpha: float = 0.1
+    weight_decay: float = 1e-4
+    sync_every: int = 1
+    lr_drops: tuple[int, ...] = ()
+    lr_drop_factor: float = 0.1
+    seed: int = 0
+    max_replicas: int = 8
+    tune_threshold: float = 0.10
+    tune_steps: int = 20
+    partitions: int | str = 1
+    eval_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        def whole(name: str, low: int) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"train: {name}={v!r} must be a whole number >= {low}")
+
+        for name, low in (("epochs", 1), ("batch_size", 1), ("sync_every", 1), ("max_replicas", 1), ("tune_steps", 1), ("eval_batch_size", 1)):
+            whole(name, low)
+        if self.replicas != "auto":
+            whole("replicas", 1)
+        if self.partitions != "auto":
+            whole("partitions", 1)
+        if self.algorithm not in ("sma", "ssgd"):
+            raise ValueError(f"train: algorithm={self.algorithm!r}; use 'sma' or 'ssgd'")
+        if self.algorithm == "ssgd" and self.replicas == "auto":
+            raise ValueError("train: replicas='auto' tunes SMA replica groups; give S-SGD a number, e.g. replicas=4")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"train: lr={self.lr!r} must be a positive number")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"train: target_accuracy={self.target_accuracy!r} must be in (0, 1]")
+
+    def sma(self, lr: float | None = None) -> SMAConfig:
+        return SMAConfig(
+            lr=self.lr if lr is None else lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            central_momentum=self.central_momentum,
+            alpha=self.alpha,
+            sync_every=self.sync_every,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Solo:
+    """The context of a run without peers: rank 0 of 1, all-reduce is the identity."""
+
+    rank = 0
+    size = 1
+
+    def allreduce(self, t: Tensor) -> Tensor:
+        return t
+
+    def checkpoint(self, state: dict) -> None:
+        self.last = state
+
+
+@dataclass
+class _Timer:
+    compute: float = 0.0
+    sync: float = 0.0
+    samples: int = 0
+
+
+def shard(x: Tensor, y: Tensor, rank: int, size: int) -> tuple[Tensor, Tensor]:
+    """This member's share of the training set: every ``size``-th sample from ``rank``."""
+    return x[rank::size], y[rank::size]
+
+
+def _steps_per_epoch(n_train: int, size: int, replicas: int, batch: int) -> int:
+    """Steps every member can take (the smallest shard decides, so all stay in lock step)."""
+    return (n_train // size) // (replicas * batch)
+
+
+def run_member(
+    ctx: Any,
+    data: Any,
+    model: Callable[[], nn.Module],
+    cfg: TrainConfig,
+    resume: dict | None = None,
+    on_epoch: Callable[[dict], None] | None = None,
+) -> dict:
+    """Train on this member; return ``z``, ``delta_prev``, the history and tuning records."""
+    torch.manual_seed(cfg.seed)
+    net = model()
+    device = next(net.parameters()).device
+    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    xs, ys = shard(x_train, y_train, ctx.rank, ctx.size)
+    start_epoch = 0
+    lr = cfg.lr
+    history: list[dict] = []
+    if resume is not None:
+        start_epoch, lr, history = resume["epoch"] + 1, resume["lr"], list(resume["history"])
+    k = cfg.replicas if cfg.replicas != "auto" else (resume or {}).get("replicas", 1)
+    if cfg.algorithm == "sma":
+        group: Any = ReplicaGroup(net, replicas=k, config=cfg.sma(lr))
+        if resume is not None:
+            group.state.z.copy_(resume["z"].to(device))
+            group.state.delta_prev.copy_(resume["delta_prev"].to(device))
+            group.reset_to_central()
+    else:
+        group = SSGDGroup(net, replicas=k, config=cfg.sma(lr))
+        if resume is not None:
+            group.weights.copy_(resume["z"].to(device))
+    world = ctx.size * k
+    timer = _Timer()
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + ctx.rank)
+
+    def step(xb: Tensor, yb: Tensor) -> Tensor:
+        t0 = time.perf_counter()
+        if cfg.algorithm == "ssgd":
+            losses = group.train_step(xb, yb, allreduce=ctx.allreduce, world_replicas=world)
+            timer.compute += time.perf_counter() - t0
+        else:
+            losses = group.local_step(xb, yb)
+            t1 = time.perf_counter()
+            timer.compute += t1 - t0
+            if group.sync_due:
+                c = group.group_correction()
+                if sync is None:
+                    group.apply_central(ctx.allreduce(c))
+                else:
+                    part = sync.exchange(c)
+                    group.apply_central(part.dense(group.num_params, ctx.allreduce(part.values)))
+                timer.sync += time.perf_counter() - t1
+        timer.samples += xb.shape[0] * xb.shape[1]
+        return losses
+
+    t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
+    sync: PartitionedSync | None = None
+    tuning: list[tuple[int, float]] = []
+    if cfg.algorithm == "sma" and cfg.replicas == "auto" and resume is None:
+        group, tuning = _tune_replicas(ctx, group, xs, ys, cfg, step_fn=step, gen=gen)
+        k = group.replicas
+        world = ctx.size * k
+    if cfg.algorithm == "sma":
+        p = _partitions(ctx, group, cfg, timer)
+        if p > 1:
+            sync = PartitionedSync(group.num_params, p, device=group.device, dtype=group.z.dtype)
+
+    steps = _steps_per_epoch(len(x_train), ctx.size, k, cfg.batch_size)
+    if steps < 1:
+        raise ValueError(
+            f"train: {len(x_train)} training samples over {ctx.size} worker(s) cannot fill one step of "
+            f"{k} replica(s) x batch_size={cfg.batch_size}; use fewer replicas or a smaller batch"
+        )
+    for epoch in range(start_epoch, cfg.epochs):
+        if epoch in cfg.lr_drops:
+            if sync is not None:
+                _flush(sync, group, ctx)
+            if cfg.algorithm == "sma":
+                group.drop_lr(cfg.lr_drop_factor)
+            else:
+                group.config = group.config.with_lr(group.config.lr * cfg.lr_drop_factor)
+            lr = group.config.lr
+        timer.compute = timer.sync = 0.0
+        timer.samples = 0
+        t0 = time.perf_counter()
+        losses = []
+        batches = replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
+        for _, (xb, yb) in zip(range(steps), batches):
+            losses.append(step(xb, yb).mean().item())
+        if sync is not None:
+            _flush(sync, group, ctx)
+        seconds = time.perf_counter() - t0
+        ev = group.evaluate(x_test, y_test, batch_size=cfg.eval_batch_size)
+        rec = {
+            "epoch": epoch + 1,
+            "train_loss": float(sum(losses) / max(len(losses), 1)),
+            "test_loss": ev["loss"],
+            "accuracy": ev["accuracy"],
+            "samples_per_s": timer.samples * ctx.size / seconds if seconds > 0 else float("nan"),
+            "compute_s": timer.compute,
+            "sync_s": timer.sync,
+            "replicas": k,
+            "lr": lr,
+            "spread": (max(group.spread()) if cfg.algorithm == "sma" else 0.0),
+            "elapsed_s": time.perf_counter() - t_start,
+        }
+        history.append(rec)
+        state = {
+            "epoch": epoch,
+            "lr": lr,
+            "replicas": k,
+            "z": (group.z if cfg.algorithm == "sma" else group.weights).detach().cpu().clone(),
+            "delta_prev": (group.state.delta_prev.detach().cpu().clone() if cfg.algorithm == "sma" else None),
+            "history": list(history),
+        }
+        if ctx.rank == 0:
+            ctx.checkpoint(state)
+        if on_epoch is not None:
+            on_epoch(rec)
+        if cfg.target_accuracy is not None and ev["accuracy"] >= cfg.target_accuracy:
+            break
+    final = group.z if cfg.algorithm == "sma" else group.weights
+    return {
+        "z": final.detach().cpu().clone(),
+        "delta_prev": group.state.delta_prev.detach().cpu().clone() if cfg.algorithm == "sma" else None,
+        "history": history,
+        "replicas": k,
+        "tuning": tuning,
+        "partitions": sync.partitions if sync is not None else 1,
+    }
+
+
+def _flush(sync: PartitionedSync, group: ReplicaGroup, ctx: Any) -> None:
+    """Send what the rotating partitions have not sent yet (one extra central update)."""
+    group.apply_central(ctx.allreduce(sync.flush()))
+
+
+def _tune_replicas(ctx, group, xs, ys, cfg: TrainConfig, step_fn, gen) -> tuple[ReplicaGroup, list]:
+    """Crossbow's rule, live: one more replica while total samples/s rises by > threshold."""
+    tuner = ReplicaTuner(threshold=cfg.tune_threshold, max_replicas=cfg.max_replicas)
+    while (k := tuner.propose()) is not None:
+        if (len(xs)) < k * cfg.batch_size:
+            break
+        group.resize(k)
+        batches = replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
+        first = next(batches)
+        step_fn(*first)  # warm-up step: allocation and vmap tracing are not throughput
+        done, t0 = 0, time.perf_counter()
+        for _, (xb, yb) in zip(range(cfg.tune_steps), batches):
+            step_fn(xb, yb)
+            done += xb.shape[0] * xb.shape[1]
+        rate = done / max(time.perf_counter() - t0, 1e-9)
+        total = ctx.allreduce(torch.tensor([rate], dtype=torch.float64)).item()
+        tuner.observe(k, total)
+    group.resize(tuner.best)
+    return group, tuner.curve
+
+
+def _partitions(ctx, group, cfg: TrainConfig, timer: _Timer) -> int:
+    """Ako's rule: split the exchange when sending the whole correction costs more than compute."""
+    if cfg.partitions != "auto":
+        return min(cfg.partitions, group.num_params)
+    if ctx.size == 1:
+        return 1
+    measure = getattr(ctx, "bandwidth", None)
+    if measure is None:
+        return 1
+    nbytes = group.num_params * group.z.element_size()
+    bandwidth, latency = measure(nbytes)
+    compute = max(timer.compute / max(timer.samples / (group.replicas * cfg.batch_size), 1), 1e-6)
+    return min(choose_partitions(nbytes, bandwidth, latency, compute * cfg.sync_every), group.num_params)

@@ -1,0 +1,230 @@
+"""``gpu.train``: SMA (or S-SGD) training as a pipeline step, one gang member per Dask worker.
+
+Use it like any step, alone or inside ``explore``/``grid``::
+
+    from functools import partial
+    from pipelines import Pipeline, grid
+    import gpu
+
+    mlp = partial(gpu.MLP, 784, 10)
+    runs = (Pipeline("mnist").source(gpu.load_mnist_tensors, seed=0)
+            .explore("train", grid(gpu.train, model=[mlp], batch_size=[16, 64], lr=[0.02, 0.05], epochs=[3])))
+    best = runs.choose("accuracy")
+
+Inside a Dask task (a pipeline step) it trains on every worker of the cluster (or
+``workers=N`` of them) as a gang; outside Dask, or with ``workers=1``, in this process.
+Each epoch, rank 0 checkpoints the central model ``z`` in a ``distributed.Variable``; if a
+worker dies, the run resumes on the remaining workers from the last checkpoint (at most
+``max_restarts`` times), and says so in the result.
+
+>>> import functools, gpu
+>>> out = train(gpu.load_digits_tensors(seed=0), model=functools.partial(gpu.MLP, 64, 10),
+...             epochs=2, replicas=2, workers=1)                   # doctest: +SKIP
+>>> sorted(k for k in out if k != "history")[:4]                  # doctest: +SKIP
+['accuracy', 'algorithm', 'epochs', 'epochs_to_target']
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from .engine import Solo, TrainConfig, run_member
+
+__all__ = ["train"]
+
+
+def _as_data(data: Any) -> Any:
+    need = ("x_train", "y_train", "x_test", "y_test")
+    if isinstance(data, Mapping):
+        missing = [k for k in need if k not in data]
+        if missing:
+            raise ValueError(f"train: data is missing {missing}; give x_train, y_train, x_test, y_test tensors")
+        return SimpleNamespace(**{k: data[k] for k in need})
+    missing = [k for k in need if not hasattr(data, k)]
+    if missing:
+        raise ValueError(
+            f"train: data ({type(data).__name__}) has no {missing}; pass a gpu.DataSplit "
+            "(e.g. gpu.load_mnist_tensors()) or a dict with x_train, y_train, x_test, y_test"
+        )
+    return data
+
+
+def _in_dask() -> bool:
+    try:
+        from distributed import get_client
+
+        get_client()
+        return True
+    except Exception:
+        return False
+
+
+class _GangMember:
+    """Adapts a gang context to what :func:`gpu.engine.run_member` expects."""
+
+    def __init__(self, ctx: Any, checkpoint_name: str):
+        self.ctx = ctx
+        self.rank, self.size = ctx.rank, ctx.size
+        self.checkpoint_name = checkpoint_name
+
+    def allreduce(self, t):
+        return self.ctx.collective.allreduce_(t.clone())
+
+    def bandwidth(self, nbytes: int) -> tuple[float, float]:
+        from .allreduce import measure_bandwidth
+
+        sizes = sorted({max(64, nbytes // 16), max(128, nbytes)})
+        profile = measure_bandwidth(self.ctx.collective, sizes, repeats=3)
+        return profile.bandwidth, profile.latency
+
+    def checkpoint(self, state: dict) -> None:
+        from distributed import Variable
+
+        Variable(self.checkpoint_name).set(pickle.dumps(state))
+
+
+def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name):
+    return run_member(_GangMember(ctx, checkpoint_name), data, model, cfg, resume=resume)
+
+
+def _last_checkpoint(name: str) -> dict | None:
+    from distributed import Variable
+
+    try:
+        blob = Variable(name).get(timeout=1)
+    except Exception:
+        return None
+    return pickle.loads(blob)
+
+
+def train(
+    data: Any,
+    *,
+    model: Callable[[], Any],
+    epochs: int = 5,
+    lr: float = 0.05,
+    batch_size: int = 16,
+    replicas: int | str = "auto",
+    algorithm: str = "sma",
+    target_accuracy: float | None = None,
+    workers: int | None = None,
+    lr_drops: tuple[int, ...] = (),
+    lr_drop_factor: float = 0.1,
+    seed: int = 0,
+    momentum: float = 0.9,
+    central_momentum: float = 0.9,
+    alpha: float = 0.1,
+    weight_decay: float = 1e-4,
+    sync_every: int = 1,
+    max_replicas: int = 8,
+    partitions: int | str = 1,
+    max_restarts: int = 2,
+    timeout: float = 60.0,
+) -> dict:
+    """Train ``model()`` on ``data`` with SMA (default) or S-SGD; return the central model and history.
+
+    ``data``: a :class:`gpu.DataSplit` or a mapping with ``x_train``, ``y_train``, ``x_test``,
+    ``y_test`` tensors. ``model``: a zero-argument callable building the ``nn.Module`` (every
+    worker builds it under ``torch.manual_seed(seed)``, so all start from the same weights).
+    ``replicas``: per worker; ``"auto"`` tunes it (SMA only, Crossbow's +10% rule).
+    ``algorithm``: ``"sma"`` or ``"ssgd"`` (gradients averaged over all replicas every step).
+    ``lr_drops``: epochs (0-based) at which the learning rate is multiplied by
+    ``lr_drop_factor`` (SMA resets every replica to ``z`` there). ``partitions``: split each
+    sync into a rotating 1/p slice (``"auto"``: sized from the measured bandwidth, after Ako).
+    ``target_accuracy``: stop once ``z`` reaches it on the test split. ``workers``: how many
+    Dask workers train as one gang (``None``: all; ``1``: this process only). ``timeout``
+    bounds every wait on a peer (seconds).
+
+    Returns ``model`` (an ``nn.Module`` holding ``z``), ``accuracy`` and ``test_loss`` of ``z``
+    on the test split, ``history`` (per epoch: losses, accuracy, samples/s, compute and sync
+    seconds, replicas, spread of the replicas around ``z``), ``epochs``, ``seconds`` (from the
+    first data touch, evaluation and tuning included), ``epochs_to_target`` and
+    ``seconds_to_target`` (``None`` if not reached), ``replicas``, ``tuning`` (the
+    auto-tuner's ``(replicas, samples/s)`` curve), ``partitions``, ``workers``, ``restarts``.
+    """
+    cfg = TrainConfig(
+        epochs=epochs, lr=lr, batch_size=batch_size, replicas=replicas, algorithm=algorithm,
+        target_accuracy=target_accuracy, momentum=momentum, central_momentum=central_momentum,
+        alpha=alpha, weight_decay=weight_decay, sync_every=sync_every, lr_drops=tuple(lr_drops),
+        lr_drop_factor=lr_drop_factor, seed=seed, max_replicas=max_replicas, partitions=partitions,
+    )
+    if not callable(model):
+        raise ValueError("train: model must be a zero-argument callable that builds the nn.Module, e.g. functools.partial(gpu.MLP, 784, 10)")
+    data = _as_data(data)
+    restarts = 0
+    if workers == 1 or not _in_dask():
+        out = run_member(Solo(), data, model, cfg)
+        size = 1
+    else:
+        from .gang import GangError, run_gang
+
+        name = f"quiver-checkpoint-{uuid.uuid4().hex[:12]}"
+        resume = None
+        while True:
+            pool = None
+            if workers is not None:
+                from distributed import get_client
+
+                pool = sorted(get_client().scheduler_info(n_workers=-1)["workers"])[:workers]
+            member = functools.partial(_member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name)
+            try:
+                results = run_gang(None, member, pool, timeout=timeout)
+                break
+            except GangError as exc:
+                restarts += 1
+                if restarts > max_restarts:
+                    raise RuntimeError(
+                        f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
+                    ) from exc
+                resume = _last_checkpoint(name) or resume
+        out = results[0]
+        size = len(results)
+        _forget(name)
+    return _summarise(out, model, cfg, size, restarts)
+
+
+def _forget(name: str) -> None:
+    try:
+        from distributed import Variable
+
+        Variable(name).delete()
+    except Exception:
+        pass
+
+
+def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int) -> dict:
+    import torch
+
+    from .replicas import ParamLayout
+
+    torch.manual_seed(cfg.seed)
+    net = model()
+    with torch.no_grad():
+        ParamLayout(net).load(net, out["z"])
+    history = out["history"]
+    last = history[-1] if history else {}
+    reached = next((h for h in history if cfg.target_accuracy is not None and h["accuracy"] >= cfg.target_accuracy), None)
+    return {
+        "model": net,
+        "accuracy": last.get("accuracy", float("nan")),
+        "test_loss": last.get("test_loss", float("nan")),
+        "train_loss": last.get("train_loss", float("nan")),
+        "history": history,
+        "epochs": len(history),
+        "seconds": last.get("elapsed_s", 0.0),
+        "epochs_to_target": reached["epoch"] if reached else None,
+        "seconds_to_target": reached["elapsed_s"] if reached else None,
+        "replicas": out["replicas"],
+        "samples_per_s": float(sum(h["samples_per_s"] for h in history) / max(len(history), 1)),
+        "tuning": out["tuning"],
+        "partitions": out.get("partitions", 1),
+        "workers": size,
+        "restarts": restarts,
+        "algorithm": cfg.algorithm,
+    }

@@ -45,10 +45,10 @@ _LAZY = {
     "load_mnist_tensors": "gpu.models",
     "synthetic_cifar": "gpu.models",
     # training as a pipeline step, and clusters for both kinds of host
-    "train": "gpu.train",
+    "train": "gpu.training",
     "TrainConfig": "gpu.engine",
-    "cluster": "gpu.cluster",
-    "gpu_count": "gpu.cluster",
+    "cluster": "gpu.clusters",
+    "gpu_count": "gpu.clusters",
     # worker-to-worker collectives and gangs
     "Collective": "gpu.allreduce",
     "CollectiveError": "gpu.allreduce",

@@ -1,0 +1,131 @@
+"""gpu.train on real worker processes: gangs, identical central models, resume after a real kill."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+import gpu
+from gpu.engine import TrainConfig
+from gpu.gang import run_gang
+from gpu.training import _member
+from pipelines import Pipeline, grid
+
+pytestmark = pytest.mark.timeout(240)
+
+MLP = functools.partial(gpu.MLP, 64, 10, hidden=(32,))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return gpu.load_digits_tensors(seed=0)
+
+
+def test_final_central_model_is_bit_identical_on_both_workers(client, digits):
+    cfg = TrainConfig(epochs=2, lr=0.05, batch_size=16, replicas=2)
+    member = functools.partial(_member, data=digits, model=MLP, cfg=cfg, resume=None, checkpoint_name="quiver-test-ckpt")
+    results = run_gang(client, member, None, timeout=30)
+    assert len(results) == 2
+    z0, z1 = results[0]["z"], results[1]["z"]
+    assert torch.equal(z0, z1)
+    assert not torch.equal(z0, torch.zeros_like(z0))
+    # the two members trained different shards, yet agree on z: that is the all-reduce at work
+    assert results[0]["history"][-1]["accuracy"] == results[1]["history"][-1]["accuracy"]
+
+
+def test_train_as_a_function_on_two_workers(client, digits):
+    out = gpu.train(digits, model=MLP, epochs=3, lr=0.05, batch_size=16, replicas=2)
+    assert out["workers"] == 2 and out["restarts"] == 0
+    assert out["accuracy"] > 0.85
+    assert len(out["history"]) == 3 and out["history"][-1]["samples_per_s"] > 0
+    with torch.no_grad():
+        logits = out["model"](digits.x_test)
+    acc = (logits.argmax(1) == digits.y_test).float().mean().item()
+    assert acc == pytest.approx(out["accuracy"], abs=1e-6)
+
+
+def test_ssgd_baseline_in_the_same_engine(client, digits):
+    out = gpu.train(digits, model=MLP, epochs=3, lr=0.1, batch_size=16, replicas=2, algorithm="ssgd")
+    assert out["algorithm"] == "ssgd" and out["workers"] == 2
+    assert out["accuracy"] > 0.8
+
+
+def test_target_accuracy_stops_early(client, digits):
+    out = gpu.train(digits, model=MLP, epochs=10, lr=0.05, batch_size=16, replicas=2, target_accuracy=0.5)
+    assert out["epochs_to_target"] is not None and out["epochs"] == out["epochs_to_target"] < 10
+    assert out["seconds_to_target"] > 0
+
+
+def test_two_training_branches_explored_at_once_both_complete(client):
+    runs = (
+        Pipeline("two-gangs")
+        .source(gpu.load_digits_tensors, seed=0)
+        .explore("train", grid(gpu.train, model=[MLP], lr=[0.02, 0.05], epochs=[2], replicas=[2]))
+    )
+    result = runs.choose("accuracy", k=2).run(client, progress=False, quiet=True)
+    assert (result.table["status"] == "ok").all()
+    assert len(result.value) == 2
+    assert all(v["workers"] == 2 for v in result.value)
+    assert {"replicas", "samples_per_s", "epochs"} <= set(result.table.columns)
+
+
+def test_bad_arguments_fail_before_training(digits):
+    with pytest.raises(ValueError, match="algorithm='adam'"):
+        gpu.train(digits, model=MLP, algorithm="adam", workers=1)
+    with pytest.raises(ValueError, match="replicas='auto' tunes SMA"):
+        gpu.train(digits, model=MLP, algorithm="ssgd", workers=1)
+    with pytest.raises(ValueError, match="x_train"):
+        gpu.train({"x": 1}, model=MLP, workers=1)
+    with pytest.raises(ValueError, match="cannot fill one step"):
+        gpu.train(digits, model=MLP, batch_size=4096, replicas=1, epochs=1, workers=1)
+
+
+def test_auto_tuning_reports_its_curve(digits):
+    out = gpu.train(digits, model=MLP, epochs=1, replicas="auto", max_replicas=3, workers=1)
+    curve = out["tuning"]
+    assert [k for k, _ in curve] == list(range(1, len(curve) + 1))
+    assert 1 <= out["replicas"] <= 3 and all(rate > 0 for _, rate in curve)
+
+
+def _kill_rank_1_after_first_checkpoint(client, stop: threading.Event):
+    pids = client.run(os.getpid)
+    victim = sorted(pids)[1]
+    while not stop.is_set():
+        names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["variables"].variables))
+        if any(n.startswith("quiver-checkpoint-") for n in names):
+            os.kill(pids[victim], signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def test_killing_a_worker_mid_training_resumes_from_the_checkpoint(digits):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        stop = threading.Event()
+        killer = threading.Thread(target=_kill_rank_1_after_first_checkpoint, args=(c, stop), daemon=True)
+        killer.start()
+        try:
+            out = gpu.train(digits, model=MLP, epochs=6, lr=0.05, batch_size=8, replicas=2, timeout=10)
+        finally:
+            stop.set()
+            killer.join(5)
+    assert out["restarts"] >= 1
+    assert out["epochs"] == 6 and [h["epoch"] for h in out["history"]] == [1, 2, 3, 4, 5, 6]
+    assert out["accuracy"] > 0.8
+
+
+def test_cluster_is_a_cpu_local_cluster_here():
+    if gpu.gpu_count():
+        pytest.skip("this machine has a GPU: gpu.cluster() gives a LocalCUDACluster")
+    with gpu.cluster(n_workers=1) as c:
+        assert type(c).__name__ == "LocalCluster"
+        assert c.scheduler_address.startswith("tcp://127.0.0.1")
+    with pytest.raises(ValueError, match="protocol='quic'"):
+        gpu.cluster(protocol="quic")

@@ -195,7 +195,13 @@ class _Execution:
             exc = fut.exception()
             text = "".join(tb_module.format_exception(type(exc), exc, fut.traceback()))
             self.errors[key] = (f"{type(exc).__name__}: {exc}", text)
-        else:  # cancelled by us; a key lost with a worker is recomputed or reported as an error by Dask
+        elif fut.status == "cancelled":
+            # we pop a future before cancelling it, so this one was cancelled by Dask itself
+            # (e.g. the scheduler restarted or forgot the key): fail its branches, never wait forever
+            self.errored.add(key)
+            msg = f"Dask cancelled task {key!r} (scheduler restarted, or the key was released elsewhere)"
+            self.errors[key] = (f"CancelledError: {msg}", msg)
+        else:
             return
         self.candidates.add(key)
         task = self.c.graph.get(key) or self.c.metric_graph[key]

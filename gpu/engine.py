@@ -155,11 +155,19 @@ def run_member(
     timer = _Timer()
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + ctx.rank)
 
+    def timed_allreduce(t: Tensor) -> Tensor:
+        t0 = time.perf_counter()
+        out = ctx.allreduce(t)
+        timer.sync += time.perf_counter() - t0
+        return out
+
     def step(xb: Tensor, yb: Tensor) -> Tensor:
         t0 = time.perf_counter()
+        sync_before = timer.sync
         if cfg.algorithm == "ssgd":
-            losses = group.train_step(xb, yb, allreduce=ctx.allreduce, world_replicas=world)
-            timer.compute += time.perf_counter() - t0
+            losses = group.train_step(xb, yb, allreduce=timed_allreduce, world_replicas=world)
+            # the gradient all-reduce runs inside train_step: count it as sync, not compute
+            timer.compute += time.perf_counter() - t0 - (timer.sync - sync_before)
         else:
             losses = group.local_step(xb, yb)
             t1 = time.perf_counter()
@@ -178,8 +186,9 @@ def run_member(
     t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
     sync: PartitionedSync | None = None
     tuning: list[tuple[int, float]] = []
+    tuning_samples = 0
     if cfg.algorithm == "sma" and cfg.replicas == "auto" and resume is None:
-        group, tuning = _tune_replicas(ctx, group, xs, ys, cfg, step_fn=step, gen=gen)
+        group, tuning, tuning_samples = _tune_replicas(ctx, group, xs, ys, cfg, step_fn=step, gen=gen)
         k = group.replicas
         world = ctx.size * k
     if cfg.algorithm == "sma":
@@ -224,6 +233,8 @@ def run_member(
             "replicas": k,
             "lr": lr,
             "spread": (max(group.spread()) if cfg.algorithm == "sma" else 0.0),
+            # samples this member trained on in the epoch (the auto-tuner's steps count in the first)
+            "samples": timer.samples + (tuning_samples if epoch == start_epoch else 0),
             "elapsed_s": time.perf_counter() - t_start,
         }
         history.append(rec)
@@ -248,6 +259,7 @@ def run_member(
         "history": history,
         "replicas": k,
         "tuning": tuning,
+        "tuning_samples": tuning_samples,
         "partitions": sync.partitions if sync is not None else 1,
     }
 
@@ -257,25 +269,38 @@ def _flush(sync: PartitionedSync, group: ReplicaGroup, ctx: Any) -> None:
     group.apply_central(ctx.allreduce(sync.flush()))
 
 
-def _tune_replicas(ctx, group, xs, ys, cfg: TrainConfig, step_fn, gen) -> tuple[ReplicaGroup, list]:
-    """Crossbow's rule, live: one more replica while total samples/s rises by > threshold."""
+def _tune_replicas(ctx, group, xs, ys, cfg: TrainConfig, step_fn, gen) -> tuple[ReplicaGroup, list, int]:
+    """Crossbow's rule, live: one more replica while total samples/s rises by > threshold.
+
+    The tuning steps are real SMA steps (they train the model); their samples are returned
+    so the history counts them. Each count is timed over ``tune_steps`` steps, cycling over
+    the shard as often as needed.
+    """
     tuner = ReplicaTuner(threshold=cfg.tune_threshold, max_replicas=cfg.max_replicas)
+    trained = 0
+
+    def batches(k: int):
+        while True:
+            yield from replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
+
     while (k := tuner.propose()) is not None:
-        if (len(xs)) < k * cfg.batch_size:
+        if len(xs) < k * cfg.batch_size:
             break
         group.resize(k)
-        batches = replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
-        first = next(batches)
-        step_fn(*first)  # warm-up step: allocation and vmap tracing are not throughput
+        stream = batches(k)
+        xb, yb = next(stream)
+        step_fn(xb, yb)  # warm-up step: allocation and vmap tracing are not throughput
+        trained += xb.shape[0] * xb.shape[1]
         done, t0 = 0, time.perf_counter()
-        for _, (xb, yb) in zip(range(cfg.tune_steps), batches):
+        for _, (xb, yb) in zip(range(cfg.tune_steps), stream):
             step_fn(xb, yb)
             done += xb.shape[0] * xb.shape[1]
         rate = done / max(time.perf_counter() - t0, 1e-9)
+        trained += done
         total = ctx.allreduce(torch.tensor([rate], dtype=torch.float64)).item()
         tuner.observe(k, total)
     group.resize(tuner.best)
-    return group, tuner.curve
+    return group, tuner.curve, trained
 
 
 def _partitions(ctx, group, cfg: TrainConfig, timer: _Timer) -> int:

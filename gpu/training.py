@@ -94,13 +94,11 @@ def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name):
 
 
 def _last_checkpoint(name: str) -> dict | None:
+    """The last checkpoint rank 0 published (``None`` before the first epoch ended)."""
     from distributed import Variable
 
-    try:
-        blob = Variable(name).get(timeout=1)
-    except Exception:
-        return None
-    return pickle.loads(blob)
+    blob = Variable(name).get()  # set to b"" before the first gang: never a timed wait
+    return pickle.loads(blob) if blob else None
 
 
 def train(
@@ -146,7 +144,9 @@ def train(
     seconds, replicas, spread of the replicas around ``z``), ``epochs``, ``seconds`` (from the
     first data touch, evaluation and tuning included), ``epochs_to_target`` and
     ``seconds_to_target`` (``None`` if not reached), ``replicas``, ``tuning`` (the
-    auto-tuner's ``(replicas, samples/s)`` curve), ``partitions``, ``workers``, ``restarts``.
+    auto-tuner's ``(replicas, samples/s)`` curve; its steps are real training steps, counted in
+    ``tuning_samples`` and in the first epoch's ``samples``), ``partitions``, ``workers``,
+    ``restarts`` and ``restart_errors`` (why each restart happened).
     """
     cfg = TrainConfig(
         epochs=epochs, lr=lr, batch_size=batch_size, replicas=replicas, algorithm=algorithm,
@@ -164,8 +164,12 @@ def train(
     else:
         from .gang import GangError, run_gang
 
+        from distributed import Variable
+
         name = f"quiver-checkpoint-{uuid.uuid4().hex[:12]}"
+        Variable(name).set(b"")
         resume = None
+        failures: list[str] = []
         while True:
             pool = None
             if workers is not None:
@@ -178,6 +182,7 @@ def train(
                 break
             except GangError as exc:
                 restarts += 1
+                failures.append(str(exc))
                 if restarts > max_restarts:
                     raise RuntimeError(
                         f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
@@ -186,6 +191,7 @@ def train(
         out = results[0]
         size = len(results)
         _forget(name)
+        out["restart_errors"] = failures
     return _summarise(out, model, cfg, size, restarts)
 
 
@@ -226,5 +232,7 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "partitions": out.get("partitions", 1),
         "workers": size,
         "restarts": restarts,
+        "restart_errors": out.get("restart_errors", []),
+        "tuning_samples": out.get("tuning_samples", 0),
         "algorithm": cfg.algorithm,
     }

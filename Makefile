@@ -12,11 +12,12 @@ setup: $(VENV)/.installed
 
 # torch is installed first and pinned: 2.13.0's CPU wheel is what this project is tested with,
 # and installing it before the project keeps pip from resolving a (multi-GB) CUDA build.
+# The ucx extra (distributed-ucxx-cu12, about 250 MB) runs on CPUs too: the tests use real UCX.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench,ucx]"
 	touch $@
 
 demo: setup

@@ -53,6 +53,8 @@ _LAZY = {
     "Collective": "gpu.allreduce",
     "CollectiveError": "gpu.allreduce",
     "measure_bandwidth": "gpu.allreduce",
+    "BandwidthProfile": "gpu.allreduce",
+    "choose_algorithm": "gpu.allreduce",
     "run_gang": "gpu.gang",
     "GangError": "gpu.gang",
     "GangContext": "gpu.gang",

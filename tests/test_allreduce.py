@@ -1,0 +1,284 @@
+"""Collectives across real worker processes (gpu.allreduce): sums, broadcast, failures, UCX.
+
+Member functions live at module top level so the spawned workers can import them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gpu.allreduce import Collective, CollectiveError, measure_bandwidth
+from gpu.gang import GangError, run_gang
+
+# numbers of elements: a tiny one, fewer than ranks, non-divisible by 2 and 3, > one segment
+SIZES = [1, 2, 7, 1000, 4099, (1 << 18) + 3]
+SEED = 1234
+
+
+def local_inputs(n: int, rank: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(SEED + 7919 * rank + n)).to(dtype)
+
+
+def allreduce_member(ctx, sizes, algorithm):
+    """Every size, float32 and float64, a 2-D non-contiguous view, small segments once."""
+    c = ctx.collective
+    c.algorithm = algorithm
+    out = {}
+    for n in sizes:
+        for dtype in (torch.float32, torch.float64):
+            t = local_inputs(n, ctx.rank, dtype)
+            assert c.allreduce_(t) is t
+            out[n, str(dtype)] = t.numpy().copy()
+    m = local_inputs(12, ctx.rank).reshape(3, 4).t()  # non-contiguous
+    c.allreduce_(m)
+    out["transposed"] = m.numpy().copy()
+    c.segment_bytes = 1000  # 4099 float32 elements -> several messages per chunk
+    t = local_inputs(4099, ctx.rank)
+    c.allreduce_(t)
+    out["segmented"] = t.numpy().copy()
+    return out, c.stats()
+
+
+def check_allreduce(results, size, sizes):
+    for n in sizes:
+        for dtype in (torch.float32, torch.float64):
+            expected = sum(local_inputs(n, r, dtype) for r in range(size)).numpy()
+            got = [res[n, str(dtype)] for res, _ in results]
+            np.testing.assert_allclose(got[0], expected, rtol=1e-5, atol=1e-5)
+            for other in got[1:]:  # bit-identical on every rank (SMA keeps z equal everywhere)
+                np.testing.assert_array_equal(other, got[0])
+    expected = sum(local_inputs(12, r).reshape(3, 4).t() for r in range(size)).numpy()
+    seg = sum(local_inputs(4099, r) for r in range(size)).numpy()
+    for res, stats in results:
+        np.testing.assert_allclose(res["transposed"], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(res["segmented"], seg, rtol=1e-5, atol=1e-5)
+        assert stats["bytes_sent"] > 0 and stats["bytes_received"] > 0 and stats["seconds"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "auto"])
+def test_allreduce_two_workers_equals_local_sum(client, algorithm):
+    results = run_gang(client, allreduce_member, None, SIZES, algorithm, timeout=30)
+    check_allreduce(results, 2, SIZES)
+
+
+@pytest.fixture(scope="module")
+def client3():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_allreduce_three_workers_ring_and_tree(client3):
+    sizes = [1, 2, 3, 7, 4099]
+    for algorithm in ("ring", "tree"):
+        results = run_gang(client3, allreduce_member, None, sizes, algorithm, timeout=30)
+        check_allreduce(results, 3, sizes)
+
+
+def broadcast_member(ctx):
+    out = []
+    for root in range(ctx.size):
+        t = torch.full((5,), float(ctx.rank)) + torch.arange(5.0)
+        ctx.collective.broadcast_(t, root=root)
+        out.append(t.tolist())
+    ctx.collective.barrier()
+    return out
+
+
+def test_broadcast_from_every_root(client3):
+    results = run_gang(client3, broadcast_member, timeout=30)
+    for got in results:
+        assert got == [[float(root + i) for i in range(5)] for root in range(3)]
+
+
+def bandwidth_member(ctx):
+    profile = measure_bandwidth(ctx.collective, [1024, 1 << 16], repeats=2)
+    return profile
+
+
+def test_measure_bandwidth_agrees_across_ranks(client):
+    a, b = run_gang(client, bandwidth_member, timeout=30)
+    assert a == b  # the tuner decides the same thing on every worker
+    assert [s.nbytes for s in a.samples] == [1024, 1 << 16]
+    assert all(s.seconds > 0 and s.bandwidth > 0 for s in a.samples)
+    assert a.latency >= 0 and a.bandwidth > 0
+
+
+def mismatched_member(ctx):
+    ctx.collective.allreduce_(torch.ones(10 + ctx.rank))
+
+
+def test_mismatched_shapes_are_a_clear_error(client):
+    with pytest.raises(GangError) as info:
+        run_gang(client, mismatched_member, timeout=5)
+    assert any("same shape" in str(e) for e in info.value.errors.values())
+
+
+# ------------------------------------------------------------------------------- failures
+
+
+def stalling_member(ctx, seconds):
+    t = torch.ones(100)
+    ctx.collective.allreduce_(t)
+    if ctx.rank == 1:
+        time.sleep(seconds)  # busy elsewhere, past the other's timeout
+    ctx.collective.allreduce_(t)
+
+
+@pytest.mark.timeout(60)
+def test_stalled_peer_gives_collective_error(client):
+    with pytest.raises(GangError) as info:
+        run_gang(client, stalling_member, None, 3.0, timeout=2)
+    err = info.value
+    assert err.rank == 1
+    waited = err.errors[0]
+    assert isinstance(waited, CollectiveError)
+    assert waited.peer == 1 and waited.timeout == 2
+    assert "timed out after 2 s waiting for rank 1" in str(waited)
+    # the stalled member learns it at its next call: rank 0 told it why
+    assert isinstance(err.errors[1], CollectiveError) and "aborted" in str(err.errors[1])
+
+
+def raising_member(ctx):
+    t = torch.ones(100)
+    ctx.collective.allreduce_(t)
+    if ctx.rank == 1:
+        raise ValueError("member 1 broke")
+    ctx.collective.allreduce_(t)  # rank 0 is waiting here when rank 1 raises
+
+
+@pytest.mark.timeout(60)
+def test_raising_member_fails_the_others_at_once(client):
+    start = time.monotonic()
+    with pytest.raises(GangError) as info:
+        run_gang(client, raising_member, timeout=30)
+    assert time.monotonic() - start < 20  # told by an abort, not by waiting out the 30 s
+    err = info.value
+    assert err.rank == 1 and isinstance(err.exception, ValueError)
+    assert isinstance(err.errors[0], CollectiveError) and "member 1 broke" in str(err.errors[0])
+
+
+def killed_member(ctx):
+    t = torch.ones(1000)
+    ctx.collective.allreduce_(t)
+    if ctx.rank == 1:
+        time.sleep(0.5)  # rank 0 is inside the next all-reduce by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    ctx.collective.allreduce_(t)
+
+
+@pytest.mark.timeout(90)
+def test_killed_worker_gives_collective_error():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        with pytest.raises(GangError) as info:
+            run_gang(c, killed_member, timeout=20)
+    err = info.value
+    assert err.rank == 1
+    lost = err.errors[0]
+    assert isinstance(lost, CollectiveError) and lost.peer == 1
+    assert "rank 1" in str(lost)
+
+
+def test_single_rank_needs_no_cluster():
+    c = Collective(0, 1)
+    t = torch.arange(4.0)
+    assert c.allreduce_(t) is t and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    c.broadcast_(t, root=0)
+    c.barrier()
+    c.close()
+    with pytest.raises(CollectiveError, match="closed"):
+        c.allreduce_(t)
+    with pytest.raises(ValueError, match="rank"):
+        Collective(2, 2)
+
+
+def test_multi_rank_outside_a_task_is_a_clear_error():
+    with pytest.raises(CollectiveError, match="inside a Dask task"):
+        Collective(0, 2)
+
+
+# ------------------------------------------------------------------------------- UCX
+
+
+def ucx_member(ctx):
+    from distributed import get_worker
+
+    assert ctx.collective.address.startswith("ucxx://")
+    assert get_worker().address.startswith("ucxx://")
+    out = {}
+    for algorithm in ("ring", "tree"):
+        ctx.collective.algorithm = algorithm
+        for n in (1, 7, 4099):
+            t = local_inputs(n, ctx.rank)
+            ctx.collective.allreduce_(t)
+            out[algorithm, n] = t.numpy().copy()
+    b = torch.full((3,), float(ctx.rank))
+    ctx.collective.broadcast_(b, root=1)
+    out["b"] = b.tolist()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_over_ucx():
+    if importlib.util.find_spec("distributed_ucxx") is None:
+        pytest.skip("distributed-ucxx is not installed (pip install 'quiver[ucx]')")
+    try:
+        import distributed_ucxx  # noqa: F401
+        import ucxx  # noqa: F401
+    except Exception as e:  # installed but unusable (no libucx for this platform, ...)
+        pytest.skip(f"distributed-ucxx does not import here: {e!r}")
+    from distributed import Client, LocalCluster
+
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="ucxx",
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster) as c:
+        results = run_gang(c, ucx_member, timeout=30)
+    for n in (1, 7, 4099):
+        expected = sum(local_inputs(n, r) for r in range(2)).numpy()
+        for res in results:
+            for algorithm in ("ring", "tree"):
+                np.testing.assert_allclose(res[algorithm, n], expected, rtol=1e-5, atol=1e-5)
+    assert all(res["b"] == [1.0, 1.0, 1.0] for res in results)
+
+
+# ------------------------------------------------------------------------------- GPU
+
+
+def cuda_member(ctx, n):
+    import cupy  # noqa: F401  (the device path needs it)
+
+    t = torch.full((n,), float(ctx.rank + 1), device="cuda")
+    ctx.collective.allreduce_(t)
+    b = torch.full((n,), float(ctx.rank), device="cuda")
+    ctx.collective.broadcast_(b, root=0)
+    return t.cpu().tolist()[:3], b.cpu().tolist()[:3], t.device.type
+
+
+@pytest.mark.gpu
+def test_allreduce_cuda_tensors_stay_on_device():
+    pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    protocol = "ucxx" if importlib.util.find_spec("distributed_ucxx") else "tcp"
+    with LocalCUDACluster(protocol=protocol, dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster) as c:
+        results = run_gang(c, cuda_member, None, 1 << 20, timeout=60)
+    size = len(results)
+    total = float(sum(range(1, size + 1)))
+    for t, b, device in results:
+        assert t == [total] * 3 and b == [0.0] * 3 and device == "cuda"

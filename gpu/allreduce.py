@@ -13,14 +13,13 @@ waits on someone else.
 Algorithms: ``"ring"`` (reduce-scatter then all-gather: ``2(p−1)`` steps of ``n/p``
 elements, both directions of every link busy, bandwidth-optimal) and ``"tree"`` (binomial
 reduce to rank 0, then binomial broadcast: ``2⌈log₂p⌉`` steps of ``n`` elements, fewer
-messages). ``"auto"`` (the default) takes the tree below :data:`CROSSOVER_BYTES` for the
-protocol and the ring from there. Measured with :func:`measure_bandwidth` (2 and 3 CPU worker
-processes on one 2-core host, 1 KB … 64 MB): over ``ucxx://`` the tree was faster at 1 KB and
-mostly up to 4 MB, the ring at 64 MB in every run (2 workers: 0.44–0.83 s vs 0.52–1.16 s;
-3 workers: 0.53–1.7 s vs 0.77–2.0 s), so the crossover is 4 MiB; over loopback ``tcp://``,
-where memory copies on 2 shared cores rather than links are the bottleneck, the tree was
-faster at every size (64 MB: 0.06–0.10 s vs 0.08–0.34 s for 2 workers, 0.17–0.28 s vs
-0.34–0.42 s for 3), so TCP keeps the tree. On other hardware (real links, more workers)
+messages). ``"auto"`` (the default) takes the tree below :data:`CROSSOVER_BYTES` (64 KiB)
+and the ring from there. ``benchmarks/allreduce.py``, timing the *slower* rank of each call
+against gloo in the same two worker processes, measured the ring faster than the tree at
+every size from 1 MB to 64 MB over loopback ``tcp://`` (64 MB: 58 ms vs 75 ms), and the two
+within noise over ``ucxx://`` on CPU; below 64 KiB both are latency-bound and the tree takes
+fewer steps from 4 ranks on. (An earlier per-rank-average measurement that favoured the tree
+over TCP was an artefact of sends returning before their data had left.) On other hardware
 call :func:`choose_algorithm`, which times both at the model's size and keeps the faster.
 Both give bit-identical results on every rank, which SMA needs: every worker applies the
 same ``Δ`` to its copy of the central model.
@@ -77,9 +76,8 @@ __all__ = [
 ]
 
 ALGORITHMS = ("auto", "ring", "tree")
-# Where "auto" switches from tree to ring, by protocol (measured with measure_bandwidth, 2 and
-# 3 CPU workers: see the module docstring). Protocols not listed keep the tree at every size.
-CROSSOVER_BYTES: dict[str, float] = {"ucx": 4 << 20}
+# Where "auto" switches from tree to ring, by protocol (see the module docstring).
+CROSSOVER_BYTES: dict[str, float] = {"ucx": 64 << 10, "tcp": 64 << 10}
 _SERIALIZERS = ("cuda", "dask", "pickle", "error")  # UCX: cupy arrays go as device frames
 _HOST_SERIALIZERS = ("dask", "pickle", "error")  # TCP: cupy's "dask" serializer stages to host
 _ABORT_SEND_SECONDS = 1.0
@@ -246,6 +244,7 @@ class Collective:
         self._comms: dict[int, Any] = {}
         self._dirty: set[int] = set()  # peers whose comm had a write cancelled mid-way
         self._inbox: dict[int, asyncio.Queue] = {}
+        self._byes: dict[int, asyncio.Event] = {}
         self._tasks: list[asyncio.Task] = []
         self._listener = None
         self._worker = None
@@ -464,6 +463,7 @@ class Collective:
                         timeout=self.timeout))
                     return
                 if op == "bye":
+                    self._byes.setdefault(peer, asyncio.Event()).set()
                     queue.put_nowait(_Closed(CollectiveError(
                         f"rank {self.rank}: rank {peer} ({self.peers[peer]}) has closed its collective; "
                         "every rank must call the same collectives in the same order",
@@ -478,6 +478,8 @@ class Collective:
                     f"rank {self.rank}: lost the connection to rank {peer} ({self.peers[peer]}): {e!r}; "
                     "its worker may have died", rank=self.rank, peer=peer, timeout=self.timeout))
         finally:
+            # a bye, or the connection gone: either way nothing more will come from this peer
+            self._byes.setdefault(peer, asyncio.Event()).set()
             comm.abort()
 
     def _fail(self, err: CollectiveError) -> None:
@@ -494,7 +496,9 @@ class Collective:
         msg = {"op": "data", "kind": kind, "seq": seq}
         if array is not None:
             msg["n"] = int(array.size)
-            msg["data"] = to_serialize(array)
+            # A copy: comm.write may return once the frames are queued, still pointing at
+            # `array`, and the algorithm (or the caller) overwrites that memory right after.
+            msg["data"] = to_serialize(array.copy())
         comm = self._comms[peer]
         self._dirty.add(peer)
         try:
@@ -615,6 +619,15 @@ class Collective:
                     pass
 
             await asyncio.gather(*(bye(p, c) for p, c in comms), return_exceptions=True)
+            # Close only once every peer said bye too: closing first can drop the peer's last
+            # message in flight (seen over ucxx), failing a collective that had succeeded.
+            waits = [self._byes.setdefault(p, asyncio.Event()).wait() for p, c in comms
+                     if p not in self._dirty and not c.closed()]
+            if waits:
+                try:
+                    await asyncio.wait_for(asyncio.gather(*waits), self.timeout)
+                except BaseException:
+                    pass
         for _, comm in comms:
             try:
                 await asyncio.wait_for(comm.close(), _ABORT_SEND_SECONDS)
@@ -641,19 +654,19 @@ class Collective:
 
     @property
     def crossover_bytes(self) -> float:
-        """Size from which ``"auto"`` takes the ring: as given, else the measured default for
-        the protocol (:data:`CROSSOVER_BYTES`; ``inf``: the tree at every size)."""
+        """Size from which ``"auto"`` takes the ring: as given, else the default for the
+        protocol (:data:`CROSSOVER_BYTES`; 64 KiB for protocols not listed)."""
         if self._crossover is not None:
             return self._crossover
         protocol = "ucx" if (self.protocol or "").startswith("ucx") else self.protocol
-        return CROSSOVER_BYTES.get(protocol, math.inf)
+        return CROSSOVER_BYTES.get(protocol, 64 << 10)
 
     def algorithm_for(self, nbytes: int) -> str:
         """The all-reduce algorithm used for ``nbytes`` (``"auto"``: tree below
         :attr:`crossover_bytes`, ring from there). Depends on the size only, so ranks agree.
 
-        >>> Collective(0, 1).algorithm_for(1 << 30), Collective(0, 1, algorithm="ring").algorithm_for(8)
-        ('tree', 'ring')
+        >>> Collective(0, 1).algorithm_for(1 << 30), Collective(0, 1, algorithm="tree").algorithm_for(1 << 30)
+        ('ring', 'tree')
         """
         if self.algorithm != "auto":
             return self.algorithm

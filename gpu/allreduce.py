@@ -496,13 +496,19 @@ class Collective:
         msg = {"op": "data", "kind": kind, "seq": seq}
         if array is not None:
             msg["n"] = int(array.size)
-            # A copy: comm.write may return once the frames are queued, still pointing at
-            # `array`, and the algorithm (or the caller) overwrites that memory right after.
-            msg["data"] = to_serialize(array.copy())
+            # The frames point at `array`, which the algorithm (or the caller) overwrites right
+            # after: TCP's comm.write returns once the frames are queued, so _send waits for
+            # the stream to drain below; in-process comms hand the object itself over, so they
+            # get a copy; UCX sends complete before write returns.
+            inproc = not (self.protocol or "").startswith(("tcp", "tls", "ucx"))
+            msg["data"] = to_serialize(array.copy() if inproc else array)
         comm = self._comms[peer]
         self._dirty.add(peer)
         try:
             await asyncio.wait_for(comm.write(msg, serializers=self._serializers), self.timeout)
+            stream = getattr(comm, "stream", None)  # TCP: wait until the frames have left
+            if array is not None and stream is not None and stream.writing():
+                await asyncio.wait_for(stream.write(b""), self.timeout)
         except asyncio.TimeoutError:
             raise CollectiveError(
                 f"rank {self.rank}: timed out after {self.timeout:g} s sending {kind} #{seq} to "

@@ -68,6 +68,31 @@ def test_allreduce_two_workers_equals_local_sum(client, algorithm):
     check_allreduce(results, 2, SIZES)
 
 
+def big_member(ctx, n, algorithm):
+    """Tens of MB, reused at once: the buffer is overwritten right after each call returns,
+    as SMA's optimiser does (a send still reading it would corrupt the peer's sum)."""
+    c = ctx.collective
+    c.algorithm = algorithm
+    out = []
+    t = torch.empty(n)
+    for round_ in range(3):
+        t.copy_(local_inputs(n, ctx.rank) + round_)
+        c.allreduce_(t)
+        out.append(t.numpy().copy())
+        t.fill_(-1.0)  # overwrite immediately
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_allreduce_tens_of_megabytes_with_immediate_reuse(client, algorithm):
+    n = 6_000_001  # 24 MB of float32, not divisible by 2 or 3
+    results = run_gang(client, big_member, None, n, algorithm, timeout=60)
+    for round_ in range(3):
+        expected = (sum(local_inputs(n, r) for r in range(2)) + 2 * round_).numpy()
+        np.testing.assert_allclose(results[0][round_], expected, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(results[1][round_], results[0][round_])
+
+
 @pytest.fixture(scope="module")
 def client3():
     from distributed import Client, LocalCluster

@@ -28,6 +28,8 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/explore_vs_naive.py
+	$(BIN)/python benchmarks/sma_vs_ssgd.py
+	$(BIN)/python benchmarks/allreduce.py
 
 clean:
 	rm -rf $(VENV) dask-worker-space dask-scratch-space

@@ -17,6 +17,7 @@ import pandas as pd
 
 from .compiler import Branch, CompiledPipeline, scalar_entries
 from .ranking import sort_key
+from .spec import fn_name
 
 __all__ = ["RowState", "build_table"]
 
@@ -62,7 +63,7 @@ def build_table(
         for name, label, params in r.branch.choice_items:
             rec[name] = label
             for p, v in params:
-                rec[f"{name}.{p}"] = v
+                rec[f"{name}.{p}"] = fn_name(v) if callable(v) else v  # a model factory shows as its name
         for ci, m in r.metrics:
             rec[compiled.chooses[ci].spec.metric_name] = m
         value = values.get(r.branch.key) if r.has_value else None

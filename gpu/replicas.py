@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -171,6 +171,13 @@ class _FunctionalModel:
         return self.layout.load(copy.deepcopy(self.template), flat)
 
 
+def _check_group_args(who: str, replicas: Any, config: Any) -> None:
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(f"{who}: replicas={replicas!r} must be an int >= 1")
+    if config is not None and not isinstance(config, SMAConfig):
+        raise ValueError(f"{who}: config must be a gpu.SMAConfig, e.g. SMAConfig(lr=0.1)")
+
+
 class ReplicaGroup:
     """k replicas of ``model`` trained with SMA on the model's device.
 
@@ -197,10 +204,7 @@ class ReplicaGroup:
         *,
         loss_fn: LossFn | None = None,
     ) -> None:
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ValueError(f"ReplicaGroup: replicas={replicas!r} must be an int >= 1")
-        if config is not None and not isinstance(config, SMAConfig):
-            raise ValueError("ReplicaGroup: config must be a gpu.SMAConfig, e.g. SMAConfig(lr=0.1)")
+        _check_group_args("ReplicaGroup", replicas, config)
         self._fm = _FunctionalModel(model, loss_fn, "ReplicaGroup")
         self.config = config or SMAConfig()
         w0 = self._fm.layout.flatten(self._fm.template)
@@ -348,8 +352,7 @@ class SSGDGroup:
         *,
         loss_fn: LossFn | None = None,
     ) -> None:
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ValueError(f"SSGDGroup: replicas={replicas!r} must be an int >= 1")
+        _check_group_args("SSGDGroup", replicas, config)
         self._fm = _FunctionalModel(model, loss_fn, "SSGDGroup")
         self.replicas = replicas
         self.config = config or SMAConfig()

@@ -3,10 +3,11 @@
     python examples/digits_explore.py            # embedded LocalCluster
     quiver run examples/digits_explore.py        # the same through the CLI
 
-3 scalers x 3 PCA sizes x (3 logistic-regression + 2 SVC + 2 k-NN) = 63 branches.
-Every branch shares the data split, each scaler is fitted once and each PCA once
-per scaler, so 63 * 4 + 1 = 253 naive tasks are 1 + 3 + 9 + 63 + 1 = 77 unique ones
-(the test-set step runs only on the chosen branch).
+3 scalers x 3 PCA sizes x (3 logistic-regression + 2 SVC + 2 k-NN) = 63 branches of 5 steps
+(split, scaler, PCA, model, test), so 315 naive tasks. Every branch shares the data split, each
+scaler is fitted once and each PCA once per scaler: the compiled graph has 139 unique tasks
+(1 + 3 + 9 + 63, plus a test step for each of the 63 branches the choose might keep), and 77 of
+them run, since the test step runs only on the chosen branch.
 """
 
 from __future__ import annotations

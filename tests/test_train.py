@@ -94,13 +94,16 @@ def test_auto_tuning_reports_its_curve(digits):
 
 
 def _kill_rank_1_after_first_checkpoint(client, stop: threading.Event):
+    from distributed import Variable
+
     pids = client.run(os.getpid)
     victim = sorted(pids)[1]
     while not stop.is_set():
         names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["variables"].variables))
-        if any(n.startswith("quiver-checkpoint-") for n in names):
-            os.kill(pids[victim], signal.SIGKILL)
-            return
+        for name in (n for n in names if n.startswith("quiver-checkpoint-")):
+            if Variable(name, client=client).get(timeout=5):  # b"" until the first epoch's checkpoint
+                os.kill(pids[victim], signal.SIGKILL)
+                return
         time.sleep(0.05)
 
 

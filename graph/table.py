@@ -8,7 +8,6 @@ branch's final output when it is a mapping, then ``status``, ``seconds``,
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +32,6 @@ class RowState:
     failed_step: str | None = None
     has_value: bool = False
     scalars: dict = field(default_factory=dict)
-
-
-def _scalar(v: Any) -> bool:
-    return isinstance(v, (numbers.Number, str, bool)) and not isinstance(v, complex)
 
 
 def build_table(
@@ -72,8 +67,8 @@ def build_table(
         for k, v in entries.items():
             if k not in rec:
                 rec[k] = v
-        if r.has_value and not isinstance(value, Mapping) and _scalar(value) and "value" not in rec:
-            rec["value"] = value
+        if r.has_value and not isinstance(value, Mapping) and "value" not in rec:
+            rec.update(scalar_entries({"value": value}))  # a scalar output gets a "value" column
         rec["status"] = r.status
         rec["seconds"] = sum(seconds.get(k, 0.0) for k in r.branch.lineage)
         rec["chosen"] = r.chosen

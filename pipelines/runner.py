@@ -8,9 +8,6 @@ from .result import Result
 
 __all__ = ["run_node"]
 
-_CLUSTER_OPTIONS = ("workers", "threads_per_worker", "memory_limit")
-
-
 def run_node(
     node: Any,
     client: Any = None,

@@ -89,8 +89,66 @@ class _GangMember:
         Variable(self.checkpoint_name).set(pickle.dumps(state))
 
 
-def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name):
-    return run_member(_GangMember(ctx, checkpoint_name), data, model, cfg, resume=resume)
+# The Quiver dashboard (graph/dashboard.py) reads these events; gpu cannot import graph, so the
+# topic name is repeated here (graph.events.TRAINING_TOPIC; a test checks they agree).
+TRAINING_TOPIC = "quiver-training"
+
+
+def _current_task() -> str | None:
+    """The key of the Dask task running this code (the training step), or ``None`` outside Dask."""
+    try:
+        from distributed import get_worker
+
+        key = get_worker().get_current_task()
+        return None if key is None else str(key)
+    except Exception:
+        return None
+
+
+def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]:
+    """``publish(msg)``: log ``msg`` on the ``quiver-training`` topic from this worker (no-op outside one)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except Exception:
+        worker = None
+    if worker is None or task is None:
+        return lambda msg: None
+
+    def publish(msg: dict) -> None:
+        try:
+            body = {"task": task, "rank": rank, "size": size, "worker": worker.address}
+            body.update({k: (float(v) if isinstance(v, float) else v) for k, v in msg.items()})
+            worker.log_event(TRAINING_TOPIC, body)
+        except Exception:  # progress is a view: training never fails because of it
+            pass
+
+    return publish
+
+
+def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
+    """``run_member`` with its progress published (start, tuning, every epoch, end)."""
+    publish = _publisher(task, ctx.rank, ctx.size)
+    if ctx.rank == 0:
+        publish({"kind": "start", "algorithm": cfg.algorithm, "epochs": cfg.epochs, "lr": cfg.lr,
+                 "batch_size": cfg.batch_size, "replicas": str(cfg.replicas)})
+
+    def on_epoch(rec: dict) -> None:
+        msg = {k: v for k, v in rec.items() if isinstance(v, (int, float, str))}
+        publish({"kind": "epoch", "epochs": cfg.epochs, **msg})
+
+    def on_tune(curve: list) -> None:
+        if ctx.rank == 0:
+            publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
+
+    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune)
+    publish({"kind": "end", "epochs_done": len(out["history"])})
+    return out
+
+
+def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
+    return _observed(_GangMember(ctx, checkpoint_name), data, model, cfg, resume, task)
 
 
 def _last_checkpoint(name: str) -> dict | None:
@@ -158,25 +216,36 @@ def train(
         raise ValueError("train: model must be a zero-argument callable that builds the nn.Module, e.g. functools.partial(gpu.MLP, 784, 10)")
     data = _as_data(data)
     restarts = 0
+    task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
     if workers == 1 or not _in_dask():
-        out = run_member(Solo(), data, model, cfg)
+        out = _observed(Solo(), data, model, cfg, None, task)
         size = 1
     else:
         from .gang import GangError, run_gang
 
-        from distributed import Variable
+        from distributed import Event, Variable
 
-        name = f"quiver-checkpoint-{uuid.uuid4().hex[:12]}"
-        Variable(name).set(b"")
-        resume = None
+        # Named after the step's task key when inside Dask: if the worker running this step dies,
+        # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
+        name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
+        started = Event(f"{name}-started")  # set once the checkpoint variable exists
+        resume = _last_checkpoint(name) if started.is_set() else None
         failures: list[str] = []
+        if resume is not None:
+            restarts += 1
+            failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
+        if not started.is_set():
+            Variable(name).set(b"")
+            started.set()
         while True:
             pool = None
             if workers is not None:
                 from distributed import get_client
 
                 pool = sorted(get_client().scheduler_info(n_workers=-1)["workers"])[:workers]
-            member = functools.partial(_member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name)
+            member = functools.partial(
+                _member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
+            )
             try:
                 results = run_gang(None, member, pool, timeout=timeout)
                 break
@@ -184,6 +253,7 @@ def train(
                 restarts += 1
                 failures.append(str(exc))
                 if restarts > max_restarts:
+                    _forget(name)
                     raise RuntimeError(
                         f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
                     ) from exc
@@ -197,9 +267,10 @@ def train(
 
 def _forget(name: str) -> None:
     try:
-        from distributed import Variable
+        from distributed import Event, Variable
 
         Variable(name).delete()
+        Event(f"{name}-started").clear()
     except Exception:
         pass
 

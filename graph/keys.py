@@ -95,9 +95,9 @@ def check_tokenizable(where: str, what: str, obj: Any) -> None:
     """
     try:
         if callable(obj) and not isinstance(obj, type):
-            function_identity(obj)
+            first, second = _det(function_identity(obj)), _det(function_identity(obj))
         else:
-            _det(obj)
+            first, second = _det(obj), _det(obj)
     except TokenizationError as exc:
         raise PipelineError(
             f"{where}: {what} ({type(obj).__name__}) has no deterministic token, so identical "
@@ -105,3 +105,10 @@ def check_tokenizable(where: str, what: str, obj: Any) -> None:
             "(numbers, strings, tuples, dicts, numpy/pandas objects, dataclasses), or give the "
             f"object a __dask_tokenize__ method that returns a stable value. ({exc})"
         ) from None
+    if first != second:  # e.g. a __dask_tokenize__ that returns a fresh value each time
+        raise PipelineError(
+            f"{where}: {what} ({type(obj).__name__}) tokenizes differently each time it is asked "
+            "(its __dask_tokenize__ or state is not stable), so its step would get a new key on "
+            "every run and identical work could not be recognised. Make __dask_tokenize__ "
+            "return a value that depends only on the object's content."
+        )

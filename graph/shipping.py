@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["ByValue", "shippable"]
+__all__ = ["ByValue", "shippable", "check_picklable"]
 
 
 class ByValue:
@@ -53,3 +53,41 @@ def shippable(obj: Any) -> Any:
     if module in registry:
         return ByValue(obj)
     return obj
+
+
+def check_picklable(graph: dict, where: str = "") -> None:
+    """Raise ``PipelineError`` naming the step and parameter if a task cannot be pickled
+    to be sent to the workers (checked before anything is submitted, so nothing half-runs).
+
+    >>> from dask.task_spec import Task
+    >>> import threading
+    >>> check_picklable({"f-1": Task("f-1", max, 1, n=2)})
+    >>> check_picklable({"f-1": Task("f-1", max, 1, n=threading.Lock())})
+    Traceback (most recent call last):
+        ...
+    graph.errors.PipelineError: step 'f' (key 'f-1'): parameter 'n' (lock) cannot be pickled ...
+    """
+    from dask.task_spec import DataNode, TaskRef
+
+    from .errors import PipelineError
+
+    seen: set[int] = set()
+    for key, task in graph.items():
+        items = [("the step function", getattr(task, "func", None))]
+        items += [(f"argument #{i + 1}", a) for i, a in enumerate(getattr(task, "args", ()))]
+        items += [(f"parameter {k!r}", v) for k, v in getattr(task, "kwargs", {}).items()]
+        for what, obj in items:
+            if isinstance(obj, DataNode):
+                obj = obj.value
+            if obj is None or isinstance(obj, (TaskRef, str, bytes, int, float, bool)) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as exc:
+                raise PipelineError(
+                    f"{where}step {str(key).rsplit('-', 1)[0]!r} (key {key!r}): {what} "
+                    f"({type(obj).__name__}) cannot be pickled to send it to the workers "
+                    f"({type(exc).__name__}: {exc}). Pass something picklable (plain values, "
+                    "arrays, dataclasses), or create the object inside the step from plain parameters."
+                ) from None

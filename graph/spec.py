@@ -31,6 +31,9 @@ __all__ = [
     "fn_name",
     "pipeline_name",
     "max_branches",
+    "count_branches",
+    "branch_limit",
+    "BRANCH_LIMIT",
 ]
 
 Params = tuple[tuple[str, Any], ...]
@@ -54,6 +57,7 @@ class Call:
     fn: Callable
     params: Params
     label: str
+    size_hint: int | None = None  # expected bytes of the output (memory planning; not part of the key)
 
     @property
     def param_dict(self) -> dict[str, Any]:
@@ -202,5 +206,55 @@ def max_branches(spec: Spec, _memo: dict | None = None) -> int:
             n = min(n, spec.k)
     else:
         n = max_branches(spec.input, memo)
+    memo[id(spec)] = n
+    return n
+
+
+#: Default cap on the branches one node may have (each branch is at least one task); the
+#: environment variable ``QUIVER_BRANCH_LIMIT`` overrides it (``0`` or ``none``: no limit).
+BRANCH_LIMIT = 100_000
+
+
+def branch_limit() -> int | None:
+    """The branch cap in force: ``QUIVER_BRANCH_LIMIT`` if set, else :data:`BRANCH_LIMIT`.
+
+    >>> branch_limit() == BRANCH_LIMIT or "QUIVER_BRANCH_LIMIT" in __import__("os").environ
+    True
+    """
+    import os
+
+    raw = os.environ.get("QUIVER_BRANCH_LIMIT", "").strip().replace("_", "")
+    if not raw:
+        return BRANCH_LIMIT
+    if raw.lower() in ("0", "none", "off"):
+        return None
+    try:
+        n = int(float(raw))
+    except ValueError:
+        raise ValueError(f"QUIVER_BRANCH_LIMIT must be a whole number (or 0/none for no limit), got {raw!r}") from None
+    return n if n > 0 else None
+
+
+def count_branches(spec: Spec, _memo: dict | None = None) -> int:
+    """Branches flowing into ``spec`` before any choose decides (what the compiled graph holds
+    tasks for); for a combine, the product of its inputs (an upper bound of the join).
+
+    >>> def load(): return 1
+    >>> count_branches(SourceSpec("p", Call(load, (), "load")))
+    1
+    """
+    memo = {} if _memo is None else _memo
+    if id(spec) in memo:
+        return memo[id(spec)]
+    if isinstance(spec, SourceSpec):
+        n = 1
+    elif isinstance(spec, ExploreSpec):
+        n = count_branches(spec.input, memo) * len(spec.alternatives)
+    elif isinstance(spec, CombineSpec):
+        n = 1
+        for s in upstream(spec):
+            n *= count_branches(s, memo)
+    else:
+        n = count_branches(spec.input, memo)
     memo[id(spec)] = n
     return n

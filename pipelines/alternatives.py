@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Any
 
 from graph.errors import PipelineError
@@ -27,12 +27,26 @@ class Grid:
     def __init__(self, fn: Callable, **lists: Any):
         self.fn = fn
         self.lists = lists
+        self._values: list | None = None  # the checked lists, materialised once (generators too)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.lists.items())
-        return f"grid({fn_name(self.fn) if callable(self.fn) else self.fn!r}, {inner})"
+        name = fn_name(self.fn) if callable(self.fn) else repr(self.fn)
+        return f"grid({name}, {inner})"
+
+    def size(self, where: str) -> int:
+        """The number of grid points (checked, without building them)."""
+        n = 1
+        for vals in self._checked(where):
+            n *= len(vals)
+        return n
 
     def points(self, where: str) -> list[tuple[tuple[str, Any], ...]]:
+        return [tuple(point) for point in itertools.product(*self._checked(where))]
+
+    def _checked(self, where: str) -> list:
+        if self._values is not None:
+            return self._values
         if not callable(self.fn):
             raise PipelineError(
                 f"{where}: {self!r} needs a callable as its first argument, got "
@@ -45,6 +59,12 @@ class Grid:
             )
         values = []
         for name, vals in self.lists.items():
+            if isinstance(vals, (Mapping, Set)):
+                raise PipelineError(
+                    f"{where}: {self!r}: parameter {name!r} must be a list of values to try, got a "
+                    f"{type(vals).__name__} (a mapping iterates its keys, a set has no fixed order). "
+                    f"Write {name}=[...] with the values in the order to try them."
+                )
             if isinstance(vals, (str, bytes)) or not isinstance(vals, Iterable):
                 raise PipelineError(
                     f"{where}: {self!r}: parameter {name!r} must be a list of values to try, "
@@ -57,7 +77,8 @@ class Grid:
                     f"points. Give at least one value, e.g. {name}=[...]."
                 )
             values.append([(name, v) for v in vals])
-        return [tuple(point) for point in itertools.product(*values)]
+        self._values = values
+        return values
 
 
 def grid(fn: Callable, **lists: Any) -> Grid:
@@ -68,6 +89,11 @@ def grid(fn: Callable, **lists: Any) -> Grid:
     3
     """
     return Grid(fn, **lists)
+
+
+def count(positional: tuple, named: dict[str, Any], where: str) -> int:
+    """How many alternatives ``expand`` would make (grids are sized, not built)."""
+    return sum(a.size(where) if isinstance(a, Grid) else 1 for a in (*positional, *named.values()))
 
 
 def expand(where: str, positional: tuple, named: dict[str, Any]) -> tuple[Alternative, ...]:

@@ -95,3 +95,47 @@ def nap_if_slow(v, seconds, log=None):
     path = f"{v['path']}>nap"
     record(log, path)
     return dict(v, path=path)
+
+
+def fail_while(v, flag, bad):
+    """Fails for x == bad while the file ``flag`` exists (a crash that a rerun no longer hits)."""
+    if v["x"] == bad and os.path.exists(flag):
+        raise RuntimeError(f"{flag} exists")
+    return dict(v, path=f"{v['path']}>fail_while")
+
+
+def with_lock(v):
+    """A value that cannot be pickled (it holds a lock)."""
+    import threading
+
+    return dict(v, lock=threading.Lock())
+
+
+def _charge_card(v, log, seconds):
+    record(log, f"pid={os.getpid()}")
+    time.sleep(seconds)
+    return dict(v, charged=True)
+
+
+def charge_card(v, log, seconds):
+    """A step with a side effect, marked not rerunnable."""
+    return _charge_card(v, log, seconds)
+
+
+def _mark_not_rerunnable():
+    from graph.store import not_rerunnable
+
+    not_rerunnable(charge_card)
+
+
+_mark_not_rerunnable()
+
+
+def anything(v, **params):
+    """Accepts any parameters (for grids whose parameters are generated)."""
+    return dict(v, path=f"{v['path']}>anything({sorted(params)})")
+
+
+def returns(v, what):
+    """Returns ``what`` as the step's output, whatever it is (for choose metric errors)."""
+    return what

@@ -1,0 +1,146 @@
+"""A real multi-process cluster started from Dask's own CLI: ``dask scheduler`` and two ``dask worker``
+processes on loopback (UCX when distributed-ucxx is installed, TCP otherwise), driven by ``quiver run
+FILE --scheduler ADDRESS``: the digits exploration (twice, through a result store) and a short SMA training.
+The scheduler preloads Quiver's dashboard (``--preload graph.dashboard``); its JSON endpoint must answer."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DASK = str(Path(sys.executable).with_name("dask"))
+PROTOCOL = "ucxx" if importlib.util.find_spec("distributed_ucxx") is not None else "tcp"
+
+# over UCX on this 2-core CPU-only host the module takes about 90 s (TCP: about 30 s), hence slow
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    out = open(log, "w")
+    return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)
+        deadline = time.time() + 10
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.time()))
+        if all(p.poll() is not None for p in procs):
+            return
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("dask-cli")
+    port, dashboard = free_port(), free_port()
+    address = f"{PROTOCOL}://127.0.0.1:{port}"
+    procs = [
+        start(
+            [DASK, "scheduler", "--protocol", PROTOCOL, "--host", "127.0.0.1", "--port", str(port),
+             "--dashboard-address", f"127.0.0.1:{dashboard}", "--preload", "graph.dashboard"],
+            logs / "scheduler.log",
+        )
+    ]
+    try:
+        for i in range(2):
+            procs.append(
+                start(
+                    [DASK, "worker", address, "--protocol", PROTOCOL, "--host", "127.0.0.1", "--nthreads", "1",
+                     "--no-dashboard", "--name", f"cli-worker-{i}", "--local-directory", str(logs / f"w{i}")],
+                    logs / f"worker{i}.log",
+                )
+            )
+        from distributed import Client
+
+        deadline = time.time() + 90
+        while True:
+            try:
+                with Client(address, timeout="5s") as c:
+                    c.wait_for_workers(2, timeout=max(1, deadline - time.time()))
+                    pids = c.run(os.getpid)
+                break
+            except Exception:
+                if time.time() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError("the dask CLI cluster did not start:\n" + "\n".join(
+                        f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(logs.glob("*.log"))))
+                time.sleep(0.5)
+        assert len(set(pids.values())) == 2  # two separate worker processes
+        yield {"address": address, "dashboard": dashboard, "logs": logs}
+    finally:
+        stop(procs)
+
+
+def quiver(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", *args, "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_digits_exploration_through_a_store_on_the_cli_cluster(cluster, tmp_path):
+    store = tmp_path / "store"
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    example = str(ROOT / "examples" / "digits_explore.py")
+    out = quiver(example, "--scheduler", cluster["address"], "--store", str(store), "--json", str(first))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"running on scheduler {cluster['address']}" in out.stderr
+    data = json.loads(first.read_text())
+    rows, stats = data["table"], data["stats"]
+    assert len(rows) == 63 and stats["executed_tasks"] == 1 + 3 + 9 + 63 + 1
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["accuracy"] == max(r["accuracy"] for r in rows)
+    assert stats["saved_to_store"] == stats["executed_tasks"] + 63  # every step and every metric
+
+    # run again: both worker processes read the store the first run wrote; nothing is recomputed
+    out = quiver(example, "--scheduler", cluster["address"], "--store", str(store), "--json", str(second))
+    assert out.returncode == 0, out.stderr[-3000:]
+    again = json.loads(second.read_text())
+    assert again["stats"]["executed_tasks"] == 0 and again["stats"]["loaded_from_store"] == 63 + 1
+    assert "results loaded" in out.stdout
+    keep = ["scaler", "pca.n_components", "model", "accuracy", "status", "chosen", "test_accuracy"]
+    assert [{k: r.get(k) for k in keep} for r in again["table"]] == [{k: r.get(k) for k in keep} for r in rows]
+
+
+def test_short_sma_training_on_the_cli_cluster(cluster, tmp_path):
+    report = tmp_path / "train.json"
+    out = quiver(str(ROOT / "tests" / "train_pipeline.py"), "--scheduler", cluster["address"], "--json", str(report))
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(report.read_text())
+    rows = data["table"]
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    best = next(r for r in rows if r["chosen"])
+    assert best["accuracy"] > 0.75 and best["workers"] == 2 and best["restarts"] == 0
+
+
+def test_preloaded_dashboard_answers_with_the_runs(cluster):
+    url = f"http://127.0.0.1:{cluster['dashboard']}/quiver/api/state.json"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200
+        state = json.loads(resp.read())
+    # the runs of the tests above (module order), as the preloaded plugin recorded them
+    digits = [r for r in state["runs"] if r["name"] == "digits"]
+    assert len(digits) == 2 and all(r["state"] == "finished" and len(r["branches"]) == 63 for r in digits)
+    assert any(r["name"] == "tiny-sma" for r in state["runs"])

@@ -1,0 +1,76 @@
+"""Load: a 2,000-branch exploration of cheap steps on 2 workers, and the load benchmark's smoke mode.
+
+No timing assertions: the structural facts that keep compile and execution linear are checked
+instead (one key computation per step instance, unique tasks only, every unique task run once).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import graph
+import graph.compiler
+from pipelines import Pipeline, grid
+from tests import steps
+
+ROOT = Path(__file__).resolve().parents[1]
+A, B = 50, 40  # 2,000 branches
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def wide():
+    src = Pipeline("wide").source(steps.source, seed=1)
+    a = src.explore("a", grid(steps.add, n=list(range(A))))
+    return a.explore("b", grid(steps.mul, n=list(range(B)))).choose("x", k=3)
+
+
+def test_compiling_2000_branches_computes_each_key_once(monkeypatch):
+    calls = []
+    real = graph.compiler.step_key
+
+    def counting(fn, params, inputs):
+        calls.append(fn)
+        return real(fn, params, inputs)
+
+    monkeypatch.setattr(graph.compiler, "step_key", counting)
+    c = graph.compile(wide())
+    assert len(c.branches) == A * B
+    # one key computation per step instance: the source once, each add once, each mul once
+    assert len(calls) == 1 + A + A * B == c.unique_tasks == len(c.graph)
+    assert c.naive_tasks == 3 * A * B  # the naive graph is only counted, never built
+    assert len(c.metric_graph) == A * B
+    assert len({b.key for b in c.branches}) == A * B
+    assert all(len(b.lineage) == 3 for b in c.branches)
+    # every dependency of every task is a task of the graph (nothing dangling, nothing duplicated)
+    assert all(d in c.graph for t in c.graph.values() for d in t.dependencies)
+
+
+def test_2000_branches_run_every_unique_task_once(client):
+    result = wide().run(client, progress=False, quiet=True)
+    s = result.stats
+    assert s["branches"] == A * B and s["failed_branches"] == 0
+    assert s["executed_tasks"] == s["unique_tasks"] == 1 + A + A * B
+    assert s["metric_tasks"] == A * B
+    expected = sorted(((1 + a) * b for a in range(A) for b in range(B)), reverse=True)[:3]
+    assert [v["x"] for v in result.value] == expected
+    assert result.table["chosen"].sum() == 3 and (result.table["status"] == "ok").all()
+
+
+def test_load_benchmark_quick(tmp_path):
+    out = tmp_path / "load.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--quick", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [r["branches"] for r in rows] == [480, 2000]
+    assert all(r["quiver_wall_s"] > 0 and r["dask_wall_s"] > 0 for r in rows)
+    assert "ms/task" in proc.stdout

@@ -127,6 +127,7 @@ def run_member(
     cfg: TrainConfig,
     resume: dict | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    on_tune: Callable[[list], None] | None = None,
 ) -> dict:
     """Train on this member; return ``z``, ``delta_prev``, the history and tuning records."""
     torch.manual_seed(cfg.seed)
@@ -189,6 +190,8 @@ def run_member(
     tuning_samples = 0
     if cfg.algorithm == "sma" and cfg.replicas == "auto" and resume is None:
         group, tuning, tuning_samples = _tune_replicas(ctx, group, xs, ys, cfg, step_fn=step, gen=gen)
+        if on_tune is not None:  # the auto-tuner's (replicas, samples/s) curve, e.g. for the dashboard
+            on_tune(list(tuning))
         k = group.replicas
         world = ctx.size * k
     if cfg.algorithm == "sma":

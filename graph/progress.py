@@ -26,6 +26,7 @@ class Progress:
         self.start = time.monotonic()
         self._last = 0.0
         self._shown = False
+        self.extra = ""  # e.g. the latest training epoch (graph.events.TrainingWatch sets it)
 
     def update(
         self,
@@ -50,6 +51,8 @@ class Progress:
             f"\r[quiver] [{bar}] tasks {tasks_done}/{tasks_total}  "
             f"branches {branches_done}/{branches_total}  {best}  {now - self.start:5.1f}s"
         )
+        if self.extra:
+            line += f"  {self.extra}"
         self.stream.write(line)
         self.stream.flush()
         self._shown = True

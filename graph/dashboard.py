@@ -1,0 +1,408 @@
+"""Quiver's pages in the Dask dashboard, served by the scheduler itself.
+
+:class:`QuiverDashboard` is a ``SchedulerPlugin``. It keeps, per run, the explore/choose
+tree with each branch's status, choices and metrics (fed by the run's
+``quiver-exploration`` events) and, per training branch, the per-epoch curves that
+``gpu.train``'s gang members publish on ``quiver-training`` (see :mod:`graph.events`).
+When it starts on a scheduler with a dashboard it adds, to that same HTTP server:
+
+* ``/quiver-exploration``: the tree (colour = status, the chosen branch ringed) and a
+  sortable table of the branches, updating live;
+* ``/quiver-training``: live curves per training branch (accuracy and loss of the
+  central model z, spread of the replicas around z, samples/s, replicas per worker and
+  the auto-tuner's steps, sync vs compute seconds);
+* ``/quiver/api/state.json``: the same data as JSON (``?run=ID`` for one run);
+
+and links the two pages from the dashboard's navigation bar.
+
+``quiver`` runs register the plugin themselves (once per scheduler). For a scheduler
+started by hand, load it at start so the pages exist before the first run::
+
+    dask scheduler --preload graph.dashboard
+
+>>> plugin = QuiverDashboard()
+>>> plugin.log_event("quiver-exploration", {"kind": "start", "run": "r1", "name": "demo", "explores": ["a"],
+...     "chooses": [{"index": 0, "metric": "x", "mode": "max"}],
+...     "branches": [{"id": 0, "key": "k0", "choices": [["a", "one", {}]], "lineage": ["k0"], "gates": [[0, 0]]}]})
+>>> plugin.log_event("quiver-exploration", {"kind": "end", "run": "r1", "branches": [{"id": 0, "status": "chosen", "metrics": {"x": 1.0}}]})
+>>> run = plugin.snapshot()["runs"][0]
+>>> run["state"], run["branches"][0]["status"], run["chosen"]
+('finished', 'chosen', [0])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .events import EXPLORATION_TOPIC, STATUSES, TRAINING_TOPIC, jsonable
+
+__all__ = [
+    "PLUGIN_NAME",
+    "EXPLORATION_PAGE",
+    "TRAINING_PAGE",
+    "JSON_PATH",
+    "QuiverDashboard",
+    "dask_setup",
+    "ensure_dashboard",
+    "snapshot_on_scheduler",
+]
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "quiver-dashboard"
+EXPLORATION_PAGE = "quiver-exploration"
+TRAINING_PAGE = "quiver-training"
+JSON_PATH = "quiver/api/state.json"
+MAX_RUNS = 20
+MAX_TRAININGS = 200
+
+COLORS = {
+    "waiting": "#c7c7c7",
+    "running": "#3182bd",
+    "done": "#74c476",
+    "chosen": "#e6550d",
+    "failed": "#252525",
+    "pruned": "#fdd0a2",
+    "cancelled": "#9e9ac8",
+}
+
+
+def _choice_text(label: str, params: dict) -> str:
+    if not params:
+        return str(label)
+    inner = ", ".join(f"{k}={v}" for k, v in params.items())
+    return f"{label}({inner})"
+
+
+class QuiverDashboard(SchedulerPlugin):
+    """Scheduler-side state of Quiver runs, and the pages that show it (see the module docs)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, max_runs: int = MAX_RUNS):
+        self.max_runs = max_runs
+        self.runs: OrderedDict[str, dict] = OrderedDict()
+        self.training: OrderedDict[str, dict] = OrderedDict()
+        self.key_index: dict[str, list[tuple[str, int]]] = {}
+        self.version = 0
+        self.scheduler = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def __getstate__(self):
+        return {"max_runs": self.max_runs}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        try:
+            install_pages(scheduler)
+        except Exception:  # a scheduler without a dashboard still keeps the state (and the JSON)
+            logger.info("quiver: could not add the dashboard pages", exc_info=True)
+
+    # ---- events ------------------------------------------------------------------------------
+    def log_event(self, topic: str, msg: Any) -> None:
+        if not isinstance(msg, dict):
+            return
+        if topic == EXPLORATION_TOPIC:
+            self._exploration(msg)
+        elif topic == TRAINING_TOPIC:
+            self._training(msg)
+
+    def _exploration(self, msg: dict) -> None:
+        kind, run_id = msg.get("kind"), msg.get("run")
+        if kind == "start":
+            branches = []
+            for b in msg.get("branches", ()):
+                choices = [(c[0], c[1], c[2] or {}) for c in b.get("choices", ())]
+                branches.append(
+                    {
+                        "id": b["id"],
+                        "key": b.get("key"),
+                        "choices": {name: _choice_text(label, params) for name, label, params in choices},
+                        "labels": {name: label for name, label, _ in choices},
+                        "params": {f"{name}.{p}": v for name, _, params in choices for p, v in params.items()},
+                        "lineage": list(b.get("lineage", ())),
+                        "gates": b.get("gates", []),
+                        "status": "waiting",
+                        "metrics": {},
+                        "scalars": {},
+                        "error": None,
+                    }
+                )
+                for key in b.get("lineage", ()):
+                    self.key_index.setdefault(key, []).append((run_id, b["id"]))
+            self.runs[run_id] = {
+                "run": run_id,
+                "name": msg.get("name", "pipeline"),
+                "started": msg.get("time", time.time()),
+                "finished": None,
+                "state": "running",
+                "explores": msg.get("explores", []),
+                "chooses": msg.get("chooses", []),
+                "branches": branches,
+                "unique_tasks": msg.get("unique_tasks"),
+                "naive_tasks": msg.get("naive_tasks"),
+                "total_branches": msg.get("total_branches", len(branches)),
+                "tasks_done": 0,
+                "stats": {},
+                "error": None,
+            }
+            while len(self.runs) > self.max_runs:
+                old_id, old = self.runs.popitem(last=False)
+                for b in old["branches"]:
+                    for key in b["lineage"]:
+                        refs = [r for r in self.key_index.get(key, []) if r[0] != old_id]
+                        if refs:
+                            self.key_index[key] = refs
+                        else:
+                            self.key_index.pop(key, None)
+        elif kind in ("update", "end"):
+            run = self.runs.get(run_id)
+            if run is None:
+                return
+            for u in msg.get("branches", ()):
+                i = u.get("id")
+                if not isinstance(i, int) or not 0 <= i < len(run["branches"]):
+                    continue
+                b = run["branches"][i]
+                if u.get("status") in STATUSES:
+                    b["status"] = u["status"]
+                b["metrics"].update(u.get("metrics") or {})
+                b["scalars"].update(u.get("scalars") or {})
+                if u.get("error"):
+                    b["error"] = u["error"]
+            if "tasks_done" in msg:
+                run["tasks_done"] = msg["tasks_done"]
+            if kind == "end":
+                run["state"] = "failed" if msg.get("error") else "finished"
+                run["finished"] = msg.get("time", time.time())
+                run["stats"] = msg.get("stats") or {}
+                run["error"] = msg.get("error")
+        self.version += 1
+
+    def _training(self, msg: dict) -> None:
+        task = str(msg.get("task"))
+        rec = self.training.get(task)
+        if rec is None:
+            rec = self.training[task] = {
+                "task": task,
+                "started": time.time(),
+                "state": "running",
+                "algorithm": None,
+                "epochs_total": None,
+                "config": {},
+                "epochs": {},
+                "workers": {},
+                "tuning": [],
+                "size": msg.get("size", 1),
+                "accuracy": None,
+            }
+            while len(self.training) > MAX_TRAININGS:
+                self.training.popitem(last=False)
+        kind = msg.get("kind")
+        worker = msg.get("worker")
+        rec["size"] = msg.get("size", rec["size"])
+        if kind == "start":
+            rec["state"] = "running"
+            rec["algorithm"] = msg.get("algorithm")
+            rec["epochs_total"] = msg.get("epochs")
+            rec["config"] = {k: msg[k] for k in ("lr", "batch_size", "replicas", "algorithm") if k in msg}
+        elif kind == "epoch":
+            if worker:
+                rec["workers"][worker] = msg.get("replicas")
+            if msg.get("rank", 0) == 0:
+                fields = (
+                    "epoch", "accuracy", "test_loss", "train_loss", "spread", "samples_per_s",
+                    "compute_s", "sync_s", "replicas", "lr", "elapsed_s",
+                )
+                rec["epochs"][int(msg.get("epoch", len(rec["epochs"]) + 1))] = {f: msg.get(f) for f in fields}
+                rec["accuracy"] = msg.get("accuracy")
+                rec["epochs_total"] = msg.get("epochs", rec["epochs_total"])
+        elif kind == "tuning":
+            if msg.get("rank", 0) == 0:
+                rec["tuning"] = [list(p) for p in msg.get("tuning", ())]
+        elif kind == "end":
+            if msg.get("rank", 0) == 0:
+                rec["state"] = "done"
+        self.version += 1
+
+    # ---- views -------------------------------------------------------------------------------
+    def _live_status(self, b: dict) -> str:
+        """Refine a running branch with the scheduler's own task states: running only if a task of it is."""
+        status = b["status"]
+        if status != "running" or self.scheduler is None:
+            return status
+        tasks = self.scheduler.tasks
+        for key in b["lineage"]:
+            ts = tasks.get(key)
+            if ts is not None and ts.state == "processing":
+                return "running"
+        return "waiting"
+
+    def branches_of(self, task: str) -> list[tuple[str, int]]:
+        """``(run, branch id)`` of every branch whose path contains the task ``task``."""
+        return list(self.key_index.get(task, ()))
+
+    def run_view(self, run: dict) -> dict:
+        branches = []
+        for b in run["branches"]:
+            branches.append(
+                {
+                    "id": b["id"],
+                    "status": self._live_status(b) if run["state"] == "running" else b["status"],
+                    "choices": dict(b["choices"]),
+                    "labels": dict(b["labels"]),
+                    "params": jsonable(b["params"]),
+                    "metrics": dict(b["metrics"]),
+                    "scalars": dict(b["scalars"]),
+                    "error": b["error"],
+                    "key": b["key"],
+                }
+            )
+        counts = {s: 0 for s in STATUSES}
+        for b in branches:
+            counts[b["status"]] = counts.get(b["status"], 0) + 1
+        best = None
+        if run["chooses"]:
+            cp = run["chooses"][-1]
+            vals = [(b["metrics"].get(cp["metric"]), b["id"]) for b in branches]
+            vals = [v for v in vals if isinstance(v[0], (int, float))]
+            if vals:
+                if cp.get("mode", "max") == "max":  # ties go to the branch declared first, as in a choose
+                    pick = min(vals, key=lambda v: (-v[0], v[1]))
+                else:
+                    pick = min(vals)
+                best = {"metric": cp["metric"], "value": pick[0], "branch": pick[1]}
+        return {
+            "run": run["run"],
+            "name": run["name"],
+            "state": run["state"],
+            "started": run["started"],
+            "finished": run["finished"],
+            "explores": run["explores"],
+            "chooses": run["chooses"],
+            "counts": counts,
+            "branches": branches,
+            "chosen": [b["id"] for b in branches if b["status"] == "chosen"],
+            "total_branches": run.get("total_branches", len(branches)),
+            "best": best,
+            "tasks_done": run["tasks_done"],
+            "unique_tasks": run["unique_tasks"],
+            "naive_tasks": run["naive_tasks"],
+            "stats": run["stats"],
+            "error": run["error"],
+        }
+
+    def training_view(self, rec: dict) -> dict:
+        refs = self.branches_of(rec["task"])
+        labels = []
+        for run_id, i in refs:
+            run = self.runs.get(run_id)
+            if run is not None:
+                labels.append(f"#{i} " + " ".join(f"{v}" for v in run["branches"][i]["choices"].values()))
+        return {
+            "task": rec["task"],
+            "run": refs[0][0] if refs else None,
+            "branches": [i for _, i in refs],
+            "label": "; ".join(labels) if labels else rec["task"],
+            "state": rec["state"],
+            "algorithm": rec["algorithm"],
+            "config": rec["config"],
+            "epochs_total": rec["epochs_total"],
+            "epochs": [rec["epochs"][e] for e in sorted(rec["epochs"])],
+            "workers": dict(rec["workers"]),
+            "tuning": list(rec["tuning"]),
+            "size": rec["size"],
+            "accuracy": rec["accuracy"],
+        }
+
+    def snapshot(self, run: str | None = None) -> dict:
+        """Everything the pages show, as plain JSON data (``run``: only that run and its training)."""
+        runs = [self.run_view(r) for r in self.runs.values() if run is None or r["run"] == run]
+        training = [self.training_view(t) for t in self.training.values()]
+        if run is not None:
+            training = [t for t in training if t["run"] == run]
+        return jsonable({"version": self.version, "time": time.time(), "runs": runs, "training": training})
+
+
+def snapshot_on_scheduler(dask_scheduler, run: str | None = None) -> dict:
+    """``client.run_on_scheduler(snapshot_on_scheduler)``: the plugin's snapshot (``{}`` without it)."""
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    return plugin.snapshot(run) if plugin is not None else {}
+
+
+def ensure_dashboard(client) -> bool:
+    """Register :class:`QuiverDashboard` on ``client``'s scheduler unless it is there (idempotent).
+
+    Returns whether the plugin is present afterwards; never raises (the pages are a view).
+    """
+    try:
+        client.register_plugin(QuiverDashboard())
+        return True
+    except Exception as exc:
+        logger.info("quiver: dashboard plugin not registered: %s", exc)
+        return False
+
+
+def dask_setup(scheduler) -> None:
+    """Preload hook: ``dask scheduler --preload graph.dashboard`` adds the plugin and its pages."""
+    scheduler.add_plugin(QuiverDashboard(), name=PLUGIN_NAME, idempotent=True)
+
+
+# ---- HTTP: the JSON endpoint and the Bokeh pages ---------------------------------------------------
+def _json_handler():
+    from distributed.http.utils import RequestHandler
+
+    class QuiverStateHandler(RequestHandler):
+        def get(self):
+            plugin = self.server.plugins.get(PLUGIN_NAME)
+            run = self.get_argument("run", None)
+            data = plugin.snapshot(run) if plugin is not None else {"runs": [], "training": []}
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps(data))
+
+    return QuiverStateHandler
+
+
+def install_pages(scheduler) -> bool:
+    """Add the JSON route and (when the scheduler has a Bokeh dashboard) the two pages. Once per scheduler."""
+    if getattr(scheduler, "_quiver_pages", False):
+        return True
+    app = getattr(scheduler, "http_application", None)
+    if app is None:
+        return False
+    from tornado import web
+    from tornado.ioloop import IOLoop
+
+    bokeh_apps = [a for a in app.applications if hasattr(a, "app_paths")]
+    prefix = getattr(bokeh_apps[0], "_prefix", "") if bokeh_apps else ""
+    prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
+    handler = _json_handler()
+    app.add_application(web.Application([(prefix + JSON_PATH, handler, {"dask_server": scheduler})]))
+    scheduler._quiver_pages = True
+    if not bokeh_apps:
+        return True
+    from distributed.dashboard.core import BokehApplication
+    from distributed.dashboard.scheduler import template_variables
+
+    from . import dashboard_pages
+
+    variables = template_variables(scheduler)  # shared with the dashboard's own pages: they link ours too
+    for page in (EXPLORATION_PAGE, TRAINING_PAGE):
+        if page not in variables["pages"]:
+            variables["pages"].append(page)
+    pages = {"/" + EXPLORATION_PAGE: dashboard_pages.exploration_doc, "/" + TRAINING_PAGE: dashboard_pages.training_doc}
+    bokeh_app = BokehApplication(pages, scheduler, prefix=prefix, template_variables=variables)
+    app.add_application(bokeh_app)
+    bokeh_app.initialize(IOLoop.current())
+    bokeh_app.start()
+    return True

@@ -1,0 +1,396 @@
+"""The Bokeh documents behind ``/quiver-exploration`` and ``/quiver-training`` (see :mod:`graph.dashboard`).
+
+Each page reads :class:`graph.dashboard.QuiverDashboard`'s snapshot twice a second on the
+scheduler's event loop and redraws only when it changed. A run picker selects the run
+(default: the latest).
+
+>>> layout = tree_layout([{"id": 0, "choices": {"a": "x"}, "status": "done", "metrics": {}},
+...                       {"id": 1, "choices": {"a": "y"}, "status": "chosen", "metrics": {"m": 1.0}}], "demo")
+>>> [round(y, 1) for y in layout["nodes"]["y"]]
+[0.5, 0.0, 1.0]
+>>> layout["nodes"]["status"]
+['chosen', 'done', 'chosen']
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from bokeh.layouts import column, row
+from bokeh.models import (
+    AllIndices,
+    ColumnDataSource,
+    DataTable,
+    Div,
+    HoverTool,
+    NumberFormatter,
+    Select,
+    TableColumn,
+)
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+from distributed.dashboard.components import add_periodic_callback
+from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+from .dashboard import COLORS, PLUGIN_NAME
+
+__all__ = ["exploration_doc", "training_doc", "tree_layout"]
+
+LATEST = "(latest)"
+MAX_LABELLED = 200  # branches; above this the tree shows its labels on hover only
+
+
+def _plugin(scheduler):
+    return scheduler.plugins.get(PLUGIN_NAME)
+
+
+def _legend_html() -> str:
+    items = "".join(
+        f'<span style="display:inline-block;margin-right:12px">'
+        f'<span style="display:inline-block;width:11px;height:11px;border-radius:6px;background:{c};'
+        f'border:1px solid #555;margin-right:4px"></span>{s}</span>'
+        for s, c in COLORS.items()
+    )
+    return f'<div style="font-size:12px">{items}</div>'
+
+
+def tree_layout(branches: list[dict], root: str) -> dict:
+    """Node and edge coordinates of the explore tree: depth on x, leaves (branches) spread on y."""
+    nodes: dict[tuple, dict] = {(): {"label": root, "depth": 0, "leaves": [], "status": None, "branch": None}}
+    order: list[tuple] = [()]
+    for n, b in enumerate(branches):
+        path: tuple = ()
+        items = list(b["choices"].items()) or [("branch", f"#{b['id']}")]
+        for depth, (name, text) in enumerate(items, start=1):
+            path = path + ((name, text),)
+            if path not in nodes:
+                nodes[path] = {"label": f"{name}={text}", "depth": depth, "leaves": [], "status": None, "branch": None}
+                order.append(path)
+            nodes[path]["leaves"].append(n)
+        nodes[path]["status"] = b["status"]
+        nodes[path]["branch"] = b
+    nodes[()]["leaves"] = list(range(len(branches)))
+    out = {k: [] for k in ("x", "y", "color", "label", "status", "size", "line", "width", "info")}
+    edges = {k: [] for k in ("x0", "y0", "x1", "y1", "color", "width")}
+    pos = {}
+    for path in order:
+        nd = nodes[path]
+        y = sum(nd["leaves"]) / len(nd["leaves"]) if nd["leaves"] else 0.0
+        pos[path] = (nd["depth"], y)
+        b = nd["branch"]
+        if b is not None:
+            status = b["status"]
+            metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in b["metrics"].items())
+            info = f"#{b['id']} {status}" + (f"  {metrics}" if metrics else "")
+            if b.get("error"):
+                info += f"  {b['error'][:120]}"
+        else:
+            statuses = {branches[i]["status"] for i in nd["leaves"]}
+            status = "chosen" if "chosen" in statuses else ("running" if "running" in statuses else "inner")
+            info = f"{nd['label']}: {len(nd['leaves'])} branch(es)"
+        chosen_path = any(branches[i]["status"] == "chosen" for i in nd["leaves"])
+        out["x"].append(float(nd["depth"]))
+        out["y"].append(float(y))
+        out["color"].append(COLORS.get(status, "#ffffff") if b is not None else "#ffffff")
+        if len(branches) > MAX_LABELLED:  # thousands of labels make the plot unreadable and slow: hover instead
+            out["label"].append("" if b is not None else (nd["label"] if nd["depth"] <= 1 else ""))
+        else:
+            out["label"].append(nd["label"] if b is None else f"{nd['label']}  {info}")
+        out["status"].append(status)
+        out["size"].append(14 if b is not None else 10)
+        out["line"].append("#e6550d" if chosen_path else "#636363")
+        out["width"].append(3 if (b is not None and status == "chosen") else 1)
+        out["info"].append(info)
+        if path:
+            px, py = pos[path[:-1]]
+            edges["x0"].append(float(px))
+            edges["y0"].append(float(py))
+            edges["x1"].append(float(nd["depth"]))
+            edges["y1"].append(float(y))
+            edges["color"].append("#e6550d" if chosen_path else "#bdbdbd")
+            edges["width"].append(3 if chosen_path else 1)
+    return {"nodes": out, "edges": edges}
+
+
+def _pick_run(plugin, selected: str | None) -> dict | None:
+    if plugin is None or not plugin.runs:
+        return None
+    if selected and selected != LATEST and selected in plugin.runs:
+        return plugin.run_view(plugin.runs[selected])
+    return plugin.run_view(next(reversed(plugin.runs.values())))
+
+
+def _run_options(plugin) -> list[str]:
+    if plugin is None:
+        return [LATEST]
+    return [LATEST] + [r for r in reversed(plugin.runs)]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+class ExplorationPage:
+    """The explore/choose tree and the table of one run."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.last = None
+        self.select = Select(title="Run", value=LATEST, options=[LATEST], width=320)
+        self.select.on_change("value", lambda attr, old, new: self.update(force=True))
+        self.header = Div(text="<h3>Quiver: exploration</h3><p>No Quiver run has published to this scheduler yet.</p>",
+                          sizing_mode="stretch_width")
+        self.legend = Div(text=_legend_html(), sizing_mode="stretch_width")
+        self.nodes = ColumnDataSource({k: [] for k in ("x", "y", "color", "label", "status", "size", "line", "width", "info")})
+        self.edges = ColumnDataSource({k: [] for k in ("x0", "y0", "x1", "y1", "color", "width")})
+        fig = figure(height=420, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
+                     title="Explore tree (x: explore depth; one leaf per branch)", toolbar_location="above")
+        fig.segment("x0", "y0", "x1", "y1", source=self.edges, line_color="color", line_width="width")
+        dots = fig.scatter("x", "y", source=self.nodes, size="size", fill_color="color", line_color="line",
+                           line_width="width")
+        fig.text("x", "y", text="label", source=self.nodes, x_offset=10, y_offset=6, text_font_size="9px",
+                 text_baseline="middle")
+        fig.add_tools(HoverTool(renderers=[dots], tooltips=[("", "@info")]))
+        fig.yaxis.visible = False
+        fig.xaxis.axis_label = "explore"
+        fig.ygrid.visible = False
+        self.fig = fig
+        self.table_source = ColumnDataSource({"branch": []})
+        self.table = DataTable(source=self.table_source, columns=[TableColumn(field="branch", title="branch")],
+                               sortable=True, sizing_mode="stretch_width", height=360, index_position=None)
+        self.root = column(row(self.select, sizing_mode="stretch_width"), self.header, self.legend, self.fig,
+                           self.table, sizing_mode="stretch_width")
+
+    def update(self, force: bool = False) -> None:
+        plugin = _plugin(self.scheduler)
+        options = _run_options(plugin)
+        if options != list(self.select.options):
+            self.select.options = options
+        run = _pick_run(plugin, self.select.value)
+        if run is None:
+            return
+        sig = (run["run"], plugin.version, tuple(b["status"] for b in run["branches"]))
+        if sig == self.last and not force:
+            return
+        self.last = sig
+        counts = ", ".join(f"{n} {s}" for s, n in run["counts"].items() if n)
+        chooses = "; ".join(
+            f"choose {c['metric']} ({c.get('mode')}"
+            + (f", k={c['k']}" if c.get("k") else "")
+            + (f", threshold={c['threshold']}" if c.get("threshold") is not None else "")
+            + (f", per {c['per']}" if c.get("per") else "") + ")"
+            for c in run["chooses"]
+        )
+        chosen = [b for b in run["branches"] if b["status"] == "chosen"]
+        chosen_txt = "; ".join(
+            f"#{b['id']} " + " ".join(b["choices"].values())
+            + "".join(f" {k}={_fmt(v)}" for k, v in b["metrics"].items())
+            for b in chosen
+        ) or "none yet"
+        best = run["best"]
+        best_txt = f"best {best['metric']} = {_fmt(best['value'])} (branch #{best['branch']})" if best else ""
+        if run["total_branches"] > len(run["branches"]):
+            counts = f"too many to show here ({run['total_branches']}); the summary only"
+        self.header.text = (
+            f"<h3>Quiver: exploration <code>{html.escape(run['name'])}</code> "
+            f"<small>run {html.escape(run['run'])}: {run['state']}</small></h3>"
+            f"<p>{run['total_branches']} branches: {html.escape(counts)}. {html.escape(chooses)}. {html.escape(best_txt)}</p>"
+            f"<p><b>Chosen:</b> {html.escape(chosen_txt)}</p>"
+            + (f"<p style='color:#a50f15'>{html.escape(run['error'])}</p>" if run.get("error") else "")
+        )
+        layout = tree_layout(run["branches"], run["name"])
+        self.nodes.data = layout["nodes"]
+        self.edges.data = layout["edges"]
+        depth = max(layout["nodes"]["x"] or [0])
+        self.fig.x_range.start, self.fig.x_range.end = -0.2, depth + 1.6
+        self.fig.y_range.start, self.fig.y_range.end = -1, max(len(run["branches"]), 1)
+        self._table(run)
+
+    def _table(self, run: dict) -> None:
+        explores = list(run["explores"])
+        params = []
+        metrics = []
+        for b in run["branches"]:
+            for p in b["params"]:
+                if p not in params:
+                    params.append(p)
+            for m in b["metrics"]:
+                if m not in metrics:
+                    metrics.append(m)
+        data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
+        for col in explores + params + metrics:
+            data[col] = []
+        for b in run["branches"]:
+            data["branch"].append(b["id"])
+            data["status"].append(b["status"])
+            data["chosen"].append("chosen" if b["status"] == "chosen" else "")
+            data["error"].append(b["error"] or "")
+            for e in explores:
+                data[e].append(b["labels"].get(e, ""))
+            for p in params:
+                v = b["params"].get(p)
+                data[p].append(v if isinstance(v, (int, float)) and not isinstance(v, bool) else _fmt(v))
+            for m in metrics:
+                v = b["metrics"].get(m)
+                data[m].append(float(v) if isinstance(v, (int, float)) else math.nan)
+        columns = [TableColumn(field="branch", title="branch", width=60)]
+        columns += [TableColumn(field=e, title=e) for e in explores]
+        columns += [TableColumn(field=p, title=p) for p in params]
+        columns += [TableColumn(field=m, title=m, formatter=NumberFormatter(format="0.0000")) for m in metrics]
+        columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
+        if [c.field for c in self.table.columns] != [c.field for c in columns]:
+            self.table.columns = columns
+        self.table_source.data = data
+        # BokehJS redraws a DataTable when its view changes, not when only its source's values do
+        self.table.view.filter = AllIndices()
+
+
+def exploration_doc(scheduler, extra, doc):
+    page = ExplorationPage(scheduler)
+    page.update(force=True)
+    add_periodic_callback(doc, page, 500)
+    doc.title = "Quiver: Exploration"
+    doc.add_root(page.root)
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME
+
+
+_CURVES = [
+    # (field, title, y axis label)
+    ("accuracy", "Accuracy of z (test split)", "accuracy"),
+    ("test_loss", "Loss of z (test split; dashed: training loss)", "loss"),
+    ("spread", "Spread of the replicas around z", "max ||w_j - z||"),
+    ("samples_per_s", "Throughput", "samples/s"),
+    ("replicas", "Replicas per worker", "replicas"),
+    ("compute_s", "Compute (solid) vs sync (dashed) seconds per epoch", "seconds"),
+]
+
+
+class TrainingPage:
+    """Live curves of every training branch of the selected run."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.last = None
+        self.select = Select(title="Run", value=LATEST, options=[LATEST], width=320)
+        self.select.on_change("value", lambda attr, old, new: self.update(force=True))
+        self.header = Div(text="<h3>Quiver: training</h3><p>No training branch has reported yet.</p>",
+                          sizing_mode="stretch_width")
+        self.sources: dict[str, ColumnDataSource] = {}
+        self.points: dict[str, ColumnDataSource] = {}
+        figs = []
+        for field, title, ylabel in _CURVES:
+            fig = figure(height=260, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
+                         tooltips=[("branch", "@label"), ("epoch", "$x{0}"), (ylabel, "$y{0.0000}")])
+            src = self.sources[field] = ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []})
+            pts = self.points[field] = ColumnDataSource({"x": [], "y": [], "color": [], "label": []})
+            fig.multi_line("xs", "ys", source=src, line_color="color", line_width=2, line_dash={"field": "dash"},
+                           legend_field="label")
+            fig.scatter("x", "y", source=pts, color="color", size=6)
+            fig.xaxis.axis_label = "epoch"
+            fig.yaxis.axis_label = ylabel
+            fig.legend.location = "top_left"
+            fig.legend.label_text_font_size = "9px"
+            fig.legend.background_fill_alpha = 0.5
+            figs.append(fig)
+        tune = figure(height=260, sizing_mode="stretch_width", title="Auto-tuner: total samples/s per replica count",
+                      tools="pan,wheel_zoom,reset,save,hover", tooltips=[("branch", "@label"), ("replicas", "$x{0}"),
+                                                                          ("samples/s", "$y{0}")])
+        self.sources["tuning"] = ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []})
+        self.points["tuning"] = ColumnDataSource({"x": [], "y": [], "color": [], "label": []})
+        tune.multi_line("xs", "ys", source=self.sources["tuning"], line_color="color", line_width=2)
+        tune.scatter("x", "y", source=self.points["tuning"], color="color", size=8)
+        tune.xaxis.axis_label = "replicas per worker"
+        tune.yaxis.axis_label = "samples/s (all workers)"
+        figs.append(tune)
+        grid_rows = [row(figs[i], figs[i + 1], sizing_mode="stretch_width") for i in range(0, len(figs) - 1, 2)]
+        if len(figs) % 2:
+            grid_rows.append(row(figs[-1], sizing_mode="stretch_width"))
+        self.root = column(self.select, self.header, *grid_rows, sizing_mode="stretch_width")
+
+    def update(self, force: bool = False) -> None:
+        plugin = _plugin(self.scheduler)
+        options = _run_options(plugin)
+        if options != list(self.select.options):
+            self.select.options = options
+        if plugin is None:
+            return
+        sig = (self.select.value, plugin.version)
+        if sig == self.last and not force:
+            return
+        self.last = sig
+        run = _pick_run(plugin, self.select.value)
+        views = [plugin.training_view(t) for t in plugin.training.values()]
+        if run is not None:
+            views = [v for v in views if v["run"] == run["run"]] or ([] if self.select.value != LATEST else views[-4:])
+        rows = []
+        lines: dict[str, dict[str, list]] = {k: {"xs": [], "ys": [], "color": [], "label": [], "dash": []} for k in self.sources}
+        pts: dict[str, dict[str, list]] = {k: {"x": [], "y": [], "color": [], "label": []} for k in self.points}
+
+        def add(kind, xs, ys, color, label, dash="solid"):
+            xy = [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float))]
+            if not xy:
+                return
+            lines[kind]["xs"].append([p[0] for p in xy])
+            lines[kind]["ys"].append([p[1] for p in xy])
+            lines[kind]["color"].append(color)
+            lines[kind]["label"].append(label)
+            lines[kind]["dash"].append(dash)
+            for x, y in xy:
+                pts[kind]["x"].append(x)
+                pts[kind]["y"].append(y)
+                pts[kind]["color"].append(color)
+                pts[kind]["label"].append(label)
+
+        for n, v in enumerate(views):
+            color = Category10_10[n % 10]
+            label = v["label"][:60]
+            ep = v["epochs"]
+            xs = [e["epoch"] for e in ep]
+            add("accuracy", xs, [e["accuracy"] for e in ep], color, label)
+            add("test_loss", xs, [e["test_loss"] for e in ep], color, label)
+            add("test_loss", xs, [e["train_loss"] for e in ep], color, label + " (train)", "dashed")
+            add("spread", xs, [e["spread"] for e in ep], color, label)
+            add("samples_per_s", xs, [e["samples_per_s"] for e in ep], color, label)
+            add("replicas", xs, [e["replicas"] for e in ep], color, label)
+            add("compute_s", xs, [e["compute_s"] for e in ep], color, label + " compute")
+            add("compute_s", xs, [e["sync_s"] for e in ep], color, label + " sync", "dashed")
+            if v["tuning"]:
+                add("tuning", [t[0] for t in v["tuning"]], [t[1] for t in v["tuning"]], color, label)
+            last = ep[-1] if ep else {}
+            workers = ", ".join(f"{html.escape(str(w))}: {k}" for w, k in sorted(v["workers"].items()))
+            rows.append(
+                f"<tr><td style='color:{color}'>&#9632;</td><td>{html.escape(v['label'])}</td><td>{v['state']}</td>"
+                f"<td>{v['algorithm'] or ''}</td><td>{len(ep)}/{v['epochs_total'] or '?'}</td>"
+                f"<td>{_fmt(last.get('accuracy'))}</td><td>{_fmt(last.get('samples_per_s'))}</td>"
+                f"<td>{workers}</td></tr>"
+            )
+        for k, src in self.sources.items():
+            src.data = lines[k]
+            self.points[k].data = pts[k]
+        title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
+        if rows:
+            self.header.text = (
+                f"<h3>Quiver: training <small>{title}</small></h3>"
+                "<table style='font-size:12px'><tr><th></th><th>branch</th><th>state</th><th>algorithm</th>"
+                "<th>epochs</th><th>accuracy of z</th><th>samples/s</th><th>replicas per worker</th></tr>"
+                + "".join(rows) + "</table>"
+            )
+        else:
+            self.header.text = f"<h3>Quiver: training <small>{title}</small></h3><p>No training branch has reported yet.</p>"
+
+
+def training_doc(scheduler, extra, doc):
+    page = TrainingPage(scheduler)
+    page.update(force=True)
+    add_periodic_callback(doc, page, 500)
+    doc.title = "Quiver: Training"
+    doc.add_root(page.root)
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME

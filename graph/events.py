@@ -1,0 +1,300 @@
+"""What a run tells the cluster while it runs: Dask events the Quiver dashboard plugin reads.
+
+A run publishes on two topics with Dask's own event log (``Client.log_event`` on the
+client, ``Worker.log_event`` inside tasks); the scheduler hands every event to its
+plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
+"Events" page lists them too.
+
+* ``quiver-exploration`` (the client side of a run, :class:`ExplorationPublisher`):
+  ``{"kind": "start", ...}`` with the branches (choices, keys) and the chooses, then
+  ``{"kind": "update", ...}`` with the branches whose status or metric changed
+  (throttled), then ``{"kind": "end", ...}`` with every branch's final status.
+* ``quiver-training`` (each member of a ``gpu.train`` gang): ``start``, one ``epoch``
+  record per epoch (accuracy and loss of z, replica spread, samples/s, replicas,
+  sync and compute seconds), ``tuning`` (the auto-tuner's curve) and ``end``.
+
+Branch statuses: ``waiting``, ``running``, ``done`` (its metric or value is in),
+``failed``, ``pruned``, ``cancelled``, ``chosen``.
+
+>>> jsonable({"a": float("nan"), "b": (1, 2.5), 3: "x"})
+{'a': None, 'b': [1, 2.5], '3': 'x'}
+>>> final_status("ok", chosen=True), final_status("ok", chosen=False), final_status("pruned", chosen=False)
+('chosen', 'done', 'pruned')
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import time
+from typing import Any
+
+__all__ = [
+    "EXPLORATION_TOPIC",
+    "TRAINING_TOPIC",
+    "STATUSES",
+    "ExplorationPublisher",
+    "TrainingWatch",
+    "final_status",
+    "jsonable",
+]
+
+logger = logging.getLogger(__name__)
+
+EXPLORATION_TOPIC = "quiver-exploration"
+TRAINING_TOPIC = "quiver-training"  # gpu/training.py publishes under the same name (gpu cannot import graph)
+STATUSES = ("waiting", "running", "done", "failed", "pruned", "cancelled", "chosen")
+MAX_PUBLISHED_BRANCHES = 10000  # past this, a run publishes its summary only (events stay small)
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON/msgpack data: NaN and infinities become ``None``, other objects ``str``."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if depth > 6:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, depth + 1) for v in value]
+    if callable(value):
+        from .spec import fn_name
+
+        return fn_name(value)
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def final_status(table_status: str, chosen: bool) -> str:
+    """The dashboard status of a finished branch from its table ``status`` and ``chosen``."""
+    if table_status == "ok":
+        return "chosen" if chosen else "done"
+    return table_status
+
+
+def _pipeline_name(spec: Any) -> str:
+    from .spec import pipeline_name
+
+    try:
+        return pipeline_name(spec)
+    except Exception:
+        return "pipeline"
+
+
+def _branch_info(i: int, branch: Any) -> dict:
+    return {
+        "id": i,
+        "key": branch.key,
+        "choices": [[name, label, jsonable(dict(params))] for name, label, params in branch.choice_items],
+        "lineage": list(branch.lineage),
+        "gates": [list(g) for g in branch.gates],
+    }
+
+
+class ExplorationPublisher:
+    """Publishes one run's branch states on ``quiver-exploration`` (never raises into the run).
+
+    >>> pub = ExplorationPublisher(None, "run-1", None)   # no client: publishes nothing
+    >>> pub.enabled
+    False
+    """
+
+    def __init__(self, client: Any, run_id: str, compiled: Any, *, interval: float = 0.5):
+        self.client = client
+        self.run_id = run_id
+        self.compiled = compiled
+        self.interval = interval
+        self.enabled = client is not None and compiled is not None
+        self.detailed = self.enabled and len(compiled.branches) <= MAX_PUBLISHED_BRANCHES
+        self._sent: dict[int, tuple] = {}
+        self._last = 0.0
+
+    def _send(self, msg: dict) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.client.log_event(EXPLORATION_TOPIC, msg)
+        except Exception as exc:  # the dashboard is a view: a run never fails because of it
+            logger.debug("quiver: cannot publish exploration event: %s", exc)
+            self.enabled = False
+
+    def start(self) -> None:
+        c = self.compiled
+        if not self.enabled:
+            return
+        self._send(
+            {
+                "kind": "start",
+                "run": self.run_id,
+                "name": _pipeline_name(c.output),
+                "time": time.time(),
+                "explores": list(c.explore_names),
+                "chooses": [
+                    {
+                        "index": cp.index,
+                        "metric": cp.spec.metric_name,
+                        "mode": cp.spec.mode,
+                        "k": cp.spec.k,
+                        "threshold": jsonable(cp.spec.threshold),
+                        "per": cp.spec.per,
+                    }
+                    for cp in c.chooses
+                ],
+                "branches": [_branch_info(i, b) for i, b in enumerate(c.branches)] if self.detailed else [],
+                "total_branches": len(c.branches),
+                "unique_tasks": c.unique_tasks,
+                "naive_tasks": c.naive_tasks,
+            }
+        )
+
+    @staticmethod
+    def live(ex: Any) -> list[dict]:
+        """Each output branch's status and metrics now, read off a running ``_Execution``."""
+        out = []
+        for tip in ex.output_tips:
+            b = tip.branch
+            gate_tips = [ex.choose_tips[g] for g in b.gates]
+            decisions = [ex.gate.get(g) for g in b.gates]
+            failed = next((t for t in gate_tips if t.state == "failed"), None)
+            if failed is None and tip.state == "failed":
+                failed = tip
+            if failed is not None:
+                status = "failed"
+            elif "cancel" in decisions:
+                status = "cancelled"
+            elif "drop" in decisions:
+                status = "done" if all(k in ex.finished for k in b.lineage) else "pruned"
+            elif tip.state == "done":
+                status = "chosen" if decisions and all(d == "keep" for d in decisions) else "done"
+            elif tip.state == "submitted" or any(t.state == "submitted" for t in gate_tips):
+                status = "running"
+            elif gate_tips and all(t.state == "done" or ex.gate.get((t.choose, t.index)) == "keep" for t in gate_tips):
+                status = "done"  # its metric is in; the choose has not decided yet
+            else:
+                status = "waiting"
+            metrics = {}
+            for (ci, _), t in zip(b.gates, gate_tips):
+                if t.metric is not None:
+                    metrics[ex.c.chooses[ci].spec.metric_name] = jsonable(t.metric)
+            out.append({"id": tip.index, "status": status, "metrics": metrics, "error": failed.error if failed else None})
+        return out
+
+    def update(self, ex: Any, force: bool = False) -> None:
+        """Send the branches that changed since the last update (at most every ``interval`` s)."""
+        if not self.enabled or not self.detailed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        try:
+            rows = self.live(ex)
+        except Exception as exc:
+            logger.debug("quiver: cannot read branch states: %s", exc)
+            return
+        changed = []
+        for r in rows:
+            sig = (r["status"], tuple(sorted(r["metrics"].items())), r["error"])
+            if self._sent.get(r["id"]) != sig:
+                self._sent[r["id"]] = sig
+                changed.append(r)
+        if changed:
+            self._send(
+                {
+                    "kind": "update",
+                    "run": self.run_id,
+                    "branches": changed,
+                    "tasks_done": len(ex.finished | ex.errored),
+                    "tasks_submitted": len(ex.submitted),
+                }
+            )
+
+    def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
+        """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""
+        branches = []
+        for i, r in enumerate(rows if self.detailed else ()):
+            metrics = {
+                self.compiled.chooses[ci].spec.metric_name: jsonable(m) for ci, m in r.metrics if m is not None
+            }
+            branches.append(
+                {
+                    "id": i,
+                    "status": final_status(r.status, r.chosen),
+                    "metrics": metrics,
+                    "scalars": jsonable({k: v for k, v in (r.scalars or {}).items()}),
+                    "error": r.error,
+                }
+            )
+        self._send(
+            {
+                "kind": "end",
+                "run": self.run_id,
+                "time": time.time(),
+                "branches": branches,
+                "stats": jsonable(stats or {}),
+                "error": error,
+            }
+        )
+
+
+class TrainingWatch:
+    """Shows the latest training epoch of a run on its terminal progress line.
+
+    Subscribes to ``quiver-training`` on ``client`` only when ``progress`` is enabled (a
+    terminal, or asked for), and writes e.g. ``train epoch 3/5 acc 0.941 5,210 samples/s``
+    into ``progress.extra``.
+
+    >>> from graph.progress import Progress
+    >>> bar = Progress(enabled=False)
+    >>> w = TrainingWatch(None, bar)
+    >>> w.on_event((0.0, {"kind": "epoch", "rank": 0, "epoch": 2, "epochs": 5, "accuracy": 0.9, "samples_per_s": 1200.0}))
+    >>> bar.extra
+    'train epoch 2/5 acc 0.900 1,200 samples/s'
+    >>> w.close()
+    """
+
+    def __init__(self, client: Any, progress: Any):
+        self.client = client
+        self.progress = progress
+        self.subscribed = False
+        if client is not None and getattr(progress, "enabled", False):
+            try:
+                client.subscribe_topic(TRAINING_TOPIC, self.on_event)
+                self.subscribed = True
+            except Exception as exc:
+                logger.debug("quiver: cannot subscribe to training events: %s", exc)
+
+    def on_event(self, event: Any) -> None:
+        try:
+            _, msg = event
+            if msg.get("rank", 0) != 0:
+                return
+            if msg.get("kind") == "epoch":
+                total = msg.get("epochs")
+                acc = msg.get("accuracy")
+                sps = msg.get("samples_per_s")
+                text = f"train epoch {msg.get('epoch')}" + (f"/{total}" if total else "")
+                if acc is not None:
+                    text += f" acc {acc:.3f}"
+                if sps is not None:
+                    text += f" {sps:,.0f} samples/s"
+                self.progress.extra = text
+            elif msg.get("kind") == "tuning" and msg.get("tuning"):
+                k, rate = msg["tuning"][-1]
+                self.progress.extra = f"train tuning: {k} replicas/worker {rate:,.0f} samples/s"
+        except Exception:  # never let a malformed event break the client's event loop
+            pass
+
+    def close(self) -> None:
+        if self.subscribed:
+            try:
+                self.client.unsubscribe_topic(TRAINING_TOPIC)
+            except Exception:
+                pass
+            self.subscribed = False

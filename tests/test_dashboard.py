@@ -1,0 +1,255 @@
+"""Quiver's dashboard pages and JSON endpoint on a real LocalCluster, the preload, loopback default."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipelines import Pipeline, grid
+from tests import steps
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def base_url(client) -> str:
+    return client.dashboard_link.rsplit("/", 1)[0]
+
+
+def get(url: str, timeout: float = 10) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def state(client, run: str | None = None) -> dict:
+    url = base_url(client) + "/quiver/api/state.json" + (f"?run={run}" if run else "")
+    return json.loads(get(url))
+
+
+def sleepy_exploration(name="watch", seconds=(0.4, 0.8)):
+    src = Pipeline(name).source(steps.source, seed=1)
+    a = src.explore("a", grid(steps.add, n=[1, 2, 3]))
+    s = a.explore("s", grid(steps.sleep_then, seconds=list(seconds)))
+    return s.choose("x", mode="max")
+
+
+def run_watching(client, node, poll=0.1):
+    """Run ``node`` while polling the JSON endpoint; return (result, snapshots of that run)."""
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            try:
+                seen.append(state(client))
+            except Exception as exc:  # noqa: BLE001 - record, the assertions will tell
+                seen.append({"error": repr(exc)})
+            time.sleep(poll)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        result = node.run(client, progress=False, quiet=True)
+    finally:
+        done.set()
+        t.join()
+    return result, seen
+
+
+def test_json_endpoint_during_and_after_a_real_run(client):
+    result, seen = run_watching(client, sleepy_exploration())
+    final = state(client)
+    run = final["runs"][-1]
+    assert run["name"] == "watch" and run["state"] == "finished"
+    # during the run: the run was listed as running, with branches running or waiting
+    live = [r for s in seen if "runs" in s for r in s["runs"] if r["run"] == run["run"] and r["state"] == "running"]
+    assert live, "the endpoint never showed the run while it ran"
+    statuses = {b["status"] for r in live for b in r["branches"]}
+    assert "running" in statuses and statuses <= {"waiting", "running", "done", "chosen"}
+    # after: one row per branch of the table, same metric, same chosen branch
+    table = result.table
+    assert len(run["branches"]) == len(table)
+    for b in run["branches"]:
+        row = table.loc[b["id"]]
+        assert b["metrics"]["x"] == pytest.approx(row["x"])
+        assert b["status"] == ("chosen" if row["chosen"] else "done")
+        assert b["choices"] == {"a": f"add(n={row['a.n']})", "s": f"sleep_then(seconds={row['s.seconds']})"}
+    assert run["chosen"] == list(table.index[table["chosen"]])
+    assert run["best"] == {"metric": "x", "value": 4.0, "branch": run["chosen"][0]}
+    assert run["stats"]["executed_tasks"] == result.stats["executed_tasks"]
+    # ?run= selects one run
+    assert [r["run"] for r in state(client, run["run"])["runs"]] == [run["run"]]
+
+
+def test_failed_and_pruned_branches_are_reported(client):
+    src = Pipeline("fails").source(steps.source, seed=1)
+    a = src.explore("a", grid(steps.add, n=[1, 2, 3]))
+    checked = a.then(steps.fail_on, bad=3)  # seed 1 + 2 = 3 fails
+    best = checked.choose("x", mode="max").then(steps.mul, n=2)
+    result = best.run(client, progress=False, quiet=True)
+    run = state(client)["runs"][-1]
+    got = {b["id"]: b["status"] for b in run["branches"]}
+    want = {i: ("chosen" if r.chosen else "done" if r.status == "ok" else r.status) for i, r in result.table.iterrows()}
+    assert got == want
+    assert "failed" in got.values() and "pruned" in got.values() and "chosen" in got.values()
+    failed = next(b for b in run["branches"] if b["status"] == "failed")
+    assert "refusing x=3" in failed["error"]
+
+
+def test_pages_are_served_and_linked_from_the_dashboard(client):
+    sleepy_exploration(name="links", seconds=(0.01,)).run(client, progress=False, quiet=True)
+    base = base_url(client)
+    status_page = get(base + "/status").decode()
+    assert 'href="quiver-exploration"' in status_page and 'href="quiver-training"' in status_page
+    for page in ("quiver-exploration", "quiver-training"):
+        body = get(f"{base}/{page}").decode()
+        assert "Quiver" in body and "bokeh" in body.lower()  # a Bokeh document in Dask's template
+    assert client.run_on_scheduler(lambda dask_scheduler: "quiver-dashboard" in dask_scheduler.plugins)
+
+
+def test_training_curves_are_published(client, capsys):
+    gpu = pytest.importorskip("gpu")
+    mlp = functools.partial(gpu.MLP, 64, 10, hidden=(32,))
+    runs = (
+        Pipeline("dash-train")
+        .source(gpu.load_digits_tensors, seed=0)
+        .explore("train", grid(gpu.train, model=[mlp], lr=[0.05, 0.1], epochs=[2], replicas=["auto"], max_replicas=[2]))
+    )
+    result = runs.choose("accuracy").run(client, progress=True, quiet=True)
+    err = capsys.readouterr().err
+    run = state(client)["runs"][-1]
+    assert run["name"] == "dash-train" and len(run["chosen"]) == 1
+    training = state(client, run["run"])["training"]
+    assert len(training) == 2
+    for t in training:
+        assert t["state"] == "done" and t["algorithm"] == "sma"
+        assert len(t["branches"]) == 1 and t["label"].startswith(f"#{t['branches'][0]}")
+        assert [e["epoch"] for e in t["epochs"]] == [1, 2]
+        last = t["epochs"][-1]
+        row = result.table.loc[t["branches"][0]]
+        assert last["accuracy"] == pytest.approx(row["accuracy"])
+        for f in ("test_loss", "spread", "samples_per_s", "compute_s", "sync_s", "replicas"):
+            assert last[f] is not None
+        assert len(t["workers"]) == 2  # both gang members reported their replica count
+        assert t["tuning"] and t["tuning"][0][0] == 1
+    assert "train epoch" in err  # the terminal line showed training progress
+
+
+def test_topic_names_agree():
+    from graph.events import TRAINING_TOPIC
+    from gpu.training import TRAINING_TOPIC as GPU_TOPIC
+
+    assert TRAINING_TOPIC == GPU_TOPIC
+
+
+def test_embedded_cluster_dashboard_listens_on_loopback():
+    from graph.cluster import connect
+
+    with connect(n_workers=1, quiet=True) as c:
+        assert c.dashboard_link.startswith("http://127.0.0.1:")
+        sockets = c.cluster.scheduler.http_server._sockets.values()
+        hosts = {s.getsockname()[0] for s in sockets}
+        assert hosts == {"127.0.0.1"}, hosts
+
+
+def test_preload_on_an_external_scheduler(tmp_path):
+    sched_file = tmp_path / "scheduler.json"
+    dask = str(Path(sys.executable).with_name("dask"))
+    cmd = [dask, "scheduler", "--preload", "graph.dashboard", "--host", "127.0.0.1", "--port", "0",
+           "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 30
+        while not sched_file.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert sched_file.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no scheduler file"
+        info = json.loads(sched_file.read_text())
+        base = f"http://127.0.0.1:{info['services']['dashboard']}"
+        deadline = time.time() + 10
+        while True:
+            try:
+                data = json.loads(get(base + "/quiver/api/state.json"))
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert data["runs"] == [] and data["training"] == []
+        assert 'href="quiver-exploration"' in get(base + "/status").decode()
+        assert b"Quiver" in get(base + "/quiver-exploration")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class FakeClient:
+    """Records what a run would publish / subscribe to."""
+
+    def __init__(self):
+        self.events = []
+        self.topics = []
+
+    def log_event(self, topic, msg):
+        self.events.append((topic, msg))
+
+    def subscribe_topic(self, topic, handler):
+        self.topics.append(topic)
+
+    def unsubscribe_topic(self, topic):
+        self.topics.remove(topic)
+
+
+def test_big_explorations_publish_a_summary_only(monkeypatch):
+    import graph
+    import graph.events as events
+
+    node = sleepy_exploration(name="big", seconds=(0.1, 0.2))
+    compiled = graph.compile(node)
+    monkeypatch.setattr(events, "MAX_PUBLISHED_BRANCHES", 3)
+    fake = FakeClient()
+    pub = events.ExplorationPublisher(fake, "r-big", compiled)
+    pub.start()
+    pub.finish([], {"wall_seconds": 1.0})
+    (t1, start), (t2, end) = fake.events
+    assert t1 == t2 == events.EXPLORATION_TOPIC
+    assert start["branches"] == [] and start["total_branches"] == 6
+    assert end["kind"] == "end" and end["branches"] == []
+    from graph.dashboard import QuiverDashboard
+
+    plugin = QuiverDashboard()
+    plugin.log_event(t1, start)
+    plugin.log_event(t2, end)
+    run = plugin.snapshot()["runs"][0]
+    assert run["total_branches"] == 6 and run["state"] == "finished"
+
+
+def test_terminal_training_line_only_when_progress_is_shown():
+    import io
+
+    from graph.events import TRAINING_TOPIC, TrainingWatch
+    from graph.progress import Progress
+
+    quiet, fake = Progress(enabled=None, stream=io.StringIO()), FakeClient()  # not a terminal: quiet
+    assert not TrainingWatch(fake, quiet).subscribed and fake.topics == []
+    out = io.StringIO()
+    shown = Progress(enabled=True, stream=out)
+    watch = TrainingWatch(fake, shown)
+    assert fake.topics == [TRAINING_TOPIC]
+    watch.on_event((0.0, {"kind": "epoch", "rank": 1, "epoch": 9}))  # other ranks are not shown
+    assert shown.extra == ""
+    watch.on_event((0.0, {"kind": "epoch", "rank": 0, "epoch": 2, "epochs": 4, "accuracy": 0.91, "samples_per_s": 5210.0}))
+    shown.update(tasks_done=1, tasks_total=2, branches_done=0, branches_total=2, force=True)
+    assert "train epoch 2/4 acc 0.910 5,210 samples/s" in out.getvalue()
+    watch.close()
+    assert fake.topics == []

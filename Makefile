@@ -30,6 +30,8 @@ bench: setup
 	$(BIN)/python benchmarks/explore_vs_naive.py
 	$(BIN)/python benchmarks/sma_vs_ssgd.py
 	$(BIN)/python benchmarks/allreduce.py
+	$(BIN)/python benchmarks/memory_planner.py
+	$(BIN)/python benchmarks/load.py
 
 clean:
 	rm -rf $(VENV) dask-worker-space dask-scratch-space

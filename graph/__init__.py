@@ -6,7 +6,7 @@ import Dask: the compiler and executor load on first use.
 
 >>> import graph
 >>> sorted(graph.__all__)[:3]
-['Branch', 'CompiledPipeline', 'PipelineError']
+['Branch', 'CompiledPipeline', 'MemoryPlan']
 """
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ from .errors import PipelineError, RunError
 __all__ = [
     "Branch",
     "CompiledPipeline",
+    "MemoryPlan",
     "PipelineError",
+    "QuiverDashboard",
     "RunError",
     "RunRecord",
     "compile",
     "connect",
     "execute",
+    "plan_memory",
+    "ResultStore",
+    "not_rerunnable",
 ]
 
 _LAZY = {
@@ -33,6 +38,11 @@ _LAZY = {
     "RunRecord": "graph.executor",
     "execute": "graph.executor",
     "connect": "graph.cluster",
+    "QuiverDashboard": "graph.dashboard",
+    "MemoryPlan": "graph.memory_plan",
+    "plan_memory": "graph.memory_plan",
+    "ResultStore": "graph.store",
+    "not_rerunnable": "graph.store",
 }
 
 
@@ -47,8 +57,15 @@ def compile(node: Any):  # noqa: A001 - the contract name (DESIGN §3)
     (3, 4)
     """
     from .compiler import compile_spec
+    from .spec import ChooseSpec, CombineSpec, ExploreSpec, SourceSpec, StepSpec
 
-    return compile_spec(getattr(node, "spec", node))
+    spec = getattr(node, "spec", node)
+    if not isinstance(spec, (SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec)):
+        raise PipelineError(
+            f"graph.compile: expected a pipeline node (pipelines.Node) or a graph.spec value, got "
+            f"{type(node).__name__}. Build one with pipelines.Pipeline(name).source(fn)."
+        )
+    return compile_spec(spec)
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ def connect(
     memory_limit: str | int | None = "auto",
     dashboard_address: str = "127.0.0.1:0",
     quiet: bool = False,
+    memory_budget: Any = None,
 ) -> Iterator[Client]:
     """Yield a ``distributed.Client``.
 
@@ -39,6 +40,11 @@ def connect(
     string such as ``"tcp://127.0.0.1:8786"`` (connected to, then disconnected), or
     ``None``: an embedded ``LocalCluster`` of worker processes on loopback, closed
     afterwards.  The dashboard link is printed unless ``quiet``.
+
+    ``memory_budget`` (embedded cluster only): the total for all workers, split
+    evenly into their ``memory_limit``; each worker keeps its results in a
+    :class:`graph.spill.PlannedSpillBuffer` so a run's memory plan decides what
+    is spilled first.
     """
     if isinstance(client, Client):
         yield client
@@ -59,9 +65,19 @@ def connect(
         host="127.0.0.1",
         dashboard_address=dashboard_address,
     )
-    if memory_limit is not None:
+    if memory_budget is not None:
+        from .budget import worker_limits
+        from .spill import PlannedSpillBuffer
+
+        limit = worker_limits(memory_budget, kwargs["n_workers"])
+        kwargs["memory_limit"] = limit
+        kwargs["data"] = (PlannedSpillBuffer, {"target": int(limit * 0.6)})  # Dask's default target until a plan sets its own
+    elif memory_limit is not None:
         kwargs["memory_limit"] = memory_limit
     with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+        from .dashboard import ensure_dashboard
+
+        ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
         _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
         yield c
 

@@ -97,6 +97,7 @@ class CompiledPipeline:
     output: Spec
     max_kept: int
     dependents: dict[str, set[str]] = field(default_factory=dict)
+    size_hints: dict[str, int] = field(default_factory=dict)
 
     @property
     def output_keys(self) -> list[str]:
@@ -178,6 +179,7 @@ class _Compiler:
         self.metric_graph: dict[str, Task] = {}
         self.chooses: list[ChoosePoint] = []
         self.memo: dict[int, list[Branch]] = {}
+        self.size_hints: dict[str, int] = {}
 
     def task(self, spec: Spec, call: Call, inputs: tuple, args: tuple, kwargs: dict) -> str:
         try:
@@ -189,6 +191,8 @@ class _Compiler:
             ) from None
         if key not in self.graph:
             self.graph[key] = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
+        if call.size_hint is not None:
+            self.size_hints[key] = int(call.size_hint)
         return key
 
     def branches(self, spec: Spec) -> list[Branch]:
@@ -289,4 +293,5 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
         output=spec,
         max_kept=max_branches(spec),
         dependents=dependents,
+        size_hints=c.size_hints,
     )

@@ -14,6 +14,7 @@ are released as soon as their last consumer has run.
 from __future__ import annotations
 
 import queue
+import sys
 import time
 import traceback as tb_module
 import uuid
@@ -24,10 +25,13 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
+from .budget import BudgetedRun
 from .compiler import CompiledPipeline
 from .errors import RunError
 from .monitor import RunMonitor, snapshot_on_scheduler
 from .progress import Progress
+from .dashboard import ensure_dashboard
+from .events import ExplorationPublisher, TrainingWatch
 from .ranking import decide
 from .table import RowState, build_table
 
@@ -67,13 +71,22 @@ class RunRecord:
     single: bool
     stats: dict = field(default_factory=dict)
     compiled: CompiledPipeline | None = None
+    memory_plan: Any = None
 
 
 class _Execution:
-    def __init__(self, compiled: CompiledPipeline, client: Client, progress: Progress):
+    def __init__(self, compiled: CompiledPipeline, client: Client, progress: Progress, depth_first: bool = True):
         self.c = compiled
         self.client = client
         self.progress = progress
+        self.depth_first = depth_first  # False: no priorities, Dask's own ordering (for comparison)
+        self.started: float | None = None  # set at the first submission
+        self.first_result: float | None = None
+        self.abort: str | None = None
+        self.droppable: frozenset[str] = frozenset()  # released early, recomputed on demand (memory plan)
+        self.on_first_result: Any = None  # called once, when the first branch result is in
+        self.on_decision: Any = None  # called after chooses decided (at most once per event batch)
+        self._decisions_seen = 0
         self.futures: dict[str, Future] = {}
         self.submitted: set[str] = set()
         self.finished: set[str] = set()
@@ -117,6 +130,69 @@ class _Execution:
         n = len(self.tips)
         return len(tip.branch.gates) * n + (n - tip.id)
 
+    def _tip_keys(self, tip: _Tip, dsk: dict[str, Any], priority: dict[str, int]) -> None:
+        """Add what ``tip`` needs that the run does not hold: walking back from its target,
+        every task whose result is neither held nor already in ``dsk``.  A result released
+        early (a memory plan's ``recompute`` decision) is thereby recomputed on demand,
+        under its own deterministic key."""
+        p = self._priority(tip)
+        mk = self._metric_key(tip)
+        stack = [mk or tip.branch.key]
+        while stack:
+            k = stack.pop()
+            if k in dsk:
+                if p > priority[k]:  # a more urgent tip needs it: so do its inputs
+                    priority[k] = p
+                    stack.extend(dsk[k].dependencies)
+                continue
+            if k in self.futures:
+                continue
+            task = self.c.graph[k] if k in self.c.graph else self.c.metric_graph[k]
+            dsk[k] = task
+            priority[k] = p
+            if k in self.finished:  # released after it ran: this is a recomputation
+                self.finished.discard(k)
+            stack.extend(task.dependencies)
+
+    def _submit(self, dsk: dict[str, Any], priority: dict[str, int]) -> None:
+        if not dsk:
+            return
+        annotations = {"priority": priority.__getitem__} if self.depth_first else None
+        layer = MaterializedLayer(dsk, annotations=annotations)
+        hlg = HighLevelGraph({f"quiver-{uuid.uuid4().hex[:8]}": layer}, {})
+        hlg.dependencies = {name: set() for name in hlg.layers}
+        futures = self.client.get(hlg, list(dsk), sync=False)
+        for fut in futures:
+            self.futures[fut.key] = fut
+            self.submitted.add(fut.key)
+            fut.add_done_callback(lambda f: self.events.put(f.key))
+
+    def prefetch_first(self) -> list[str]:
+        """Submit the first branch alone and wait for it: a sampling pass whose results the
+        run then reuses (its sizes and seconds feed the memory plan)."""
+        tip = next((t for t in self.tips if not t.branch.gates), None)
+        if tip is None:
+            return []
+        dsk: dict[str, Any] = {}
+        priority: dict[str, int] = {}
+        self._tip_keys(tip, dsk, priority)
+        self.started = time.perf_counter()
+        self._submit(dsk, priority)
+        pending = set(dsk)
+        seen = []
+        while pending:  # wait, but stop at once on an abort (e.g. a result too big for the budget)
+            try:
+                key = self.events.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if isinstance(key, tuple):
+                raise RunError(key[1])
+            seen.append(key)
+            pending.discard(key)
+        for key in seen:  # the run loop handles them as usual
+            self.events.put(key)
+        return list(dsk)
+
     def _submit_ready(self) -> None:
         dsk: dict[str, Any] = {}
         priority: dict[str, int] = {}
@@ -124,24 +200,10 @@ class _Execution:
         for tip in self.tips:
             if tip.state != WAITING or tip.dead or not self._open(tip):
                 continue
-            p = self._priority(tip)
-            mk = self._metric_key(tip)
-            for k in tip.branch.lineage + ((mk,) if mk else ()):
-                if k in self.submitted:
-                    continue
-                dsk[k] = self.c.graph[k] if k in self.c.graph else self.c.metric_graph[k]
-                priority[k] = max(priority.get(k, p), p)
+            self._tip_keys(tip, dsk, priority)
             tip.state = SUBMITTED
             ready.append(tip)
-        if dsk:
-            layer = MaterializedLayer(dsk, annotations={"priority": priority.__getitem__})
-            hlg = HighLevelGraph({f"quiver-{uuid.uuid4().hex[:8]}": layer}, {})
-            hlg.dependencies = {name: set() for name in hlg.layers}
-            futures = self.client.get(hlg, list(dsk), sync=False)
-            for fut in futures:
-                self.futures[fut.key] = fut
-                self.submitted.add(fut.key)
-                fut.add_done_callback(lambda f: self.events.put(f.key))
+        self._submit(dsk, priority)
         for tip in ready:
             self._check(tip)
 
@@ -161,6 +223,8 @@ class _Execution:
                 tip.metric, tip.scalars = self.metric_values[mk]
                 self.completion[tip.choose].append(tip.index)
             tip.state = DONE
+            if self.first_result is None:
+                self.first_result = time.perf_counter() - self.started
             self._mark(tip)
 
     def _fail(self, tip: _Tip, key: str) -> None:
@@ -182,13 +246,27 @@ class _Execution:
         if mk:
             self.candidates.add(mk)
 
+    def _fetch_metrics(self, keys: list) -> None:
+        """Read the finished metric tasks among ``keys`` with one ``gather``."""
+        futs = [
+            self.futures[k]
+            for k in keys
+            if isinstance(k, str) and k in self.c.metric_graph and k not in self.metric_values
+            and k in self.futures and self.futures[k].status == "finished"
+        ]
+        if futs:
+            self.metric_values.update(zip([f.key for f in futs], self.client.gather(futs)))
+
     def _on_event(self, key: str) -> None:
+        if isinstance(key, tuple):  # ("abort", message) from a scheduler-side guard
+            self.abort = key[1]
+            return
         fut = self.futures.get(key)
         if fut is None:
             return
         if fut.status == "finished":
             self.finished.add(key)
-            if key in self.c.metric_graph:
+            if key in self.c.metric_graph and key not in self.metric_values:
                 self.metric_values[key] = fut.result()
         elif fut.status == "error":
             self.errored.add(key)
@@ -263,8 +341,10 @@ class _Execution:
             if key == tip.branch.key:
                 if tip.kind == "output" and tip.state != FAILED:
                     return True
-                if tip.kind == "choose" and (tip.choose, tip.index) not in self.gate:
+                if tip.kind == "choose" and (tip.choose, tip.index) not in self.gate and key not in self.droppable:
                     return True
+            if key in self.droppable and tip.state == WAITING and key in self.finished:
+                continue  # the plan drops it now and recomputes it if this branch goes ahead
             if tip.resolved:
                 continue
             mk = self._metric_key(tip)
@@ -294,6 +374,8 @@ class _Execution:
         return any(not t.resolved and not t.dead for t in self.tips)
 
     def run(self) -> None:
+        if self.started is None:  # time to first result counts from the first submission
+            self.started = time.perf_counter()
         self._submit_ready()
         while True:
             while self._decide_all():
@@ -305,17 +387,32 @@ class _Execution:
             except queue.Empty:
                 self._report()
                 continue
-            self._on_event(key)
+            keys = [key]
             while True:
                 try:
-                    self._on_event(self.events.get_nowait())
+                    keys.append(self.events.get_nowait())
                 except queue.Empty:
                     break
+            self._fetch_metrics(keys)  # one gather per batch, not one round trip per metric
+            for key in keys:
+                self._on_event(key)
+            if self.abort is not None:
+                raise RunError(self.abort)
+            if self.first_result is not None and self.on_first_result is not None:
+                hook, self.on_first_result = self.on_first_result, None
+                hook(self)  # e.g. re-plan memory with the sizes measured so far
+                self.candidates.update(self.futures)
+            if self.on_decision is not None and self._decisions_seen != len(self.gate):
+                self._decisions_seen = len(self.gate)
+                self.on_decision(self)  # e.g. re-plan memory for the branches the chooses kept
+                self.candidates.update(self.futures)
             self._release()
             self._report()
         self._report(force=True)
 
     def _report(self, force: bool = False) -> None:
+        if getattr(self, "publisher", None) is not None:  # graph/events.py: live branch states for the dashboard
+            self.publisher.update(self, force)
         if not self.progress.enabled:
             return
         best = ""
@@ -339,6 +436,7 @@ class _Execution:
     # ---- results -------------------------------------------------------------------------
     def row_states(self) -> list[RowState]:
         rows = []
+        stored = getattr(self.c, "loaded", frozenset())  # graph/store.py: results already in the store
         for tip in self.output_tips:
             b = tip.branch
             gate_tips = [self.choose_tips[g] for g in b.gates]
@@ -350,7 +448,7 @@ class _Execution:
                 status = "failed"
             elif "cancel" in states:
                 status = "cancelled"
-            elif tip.state == DONE or all(k in self.finished for k in b.lineage):
+            elif tip.state == DONE or all(k in self.finished or k in stored for k in b.lineage):
                 status = "ok"
             else:
                 status = "pruned"
@@ -376,21 +474,59 @@ def execute(
     *,
     progress: bool | None = None,
     raise_if_all_failed: bool = True,
+    store: Any = None,
+    memory_budget: Any = None,
+    sample_sizes: bool = False,
+    order: str = "depth-first",
+    disk_bandwidth: Any = None,
 ) -> RunRecord:
-    """Run ``compiled`` on ``client`` and return a :class:`RunRecord`."""
+    """Run ``compiled`` on ``client`` and return a :class:`RunRecord`.
+
+    ``store``: a directory (or ``graph.store.ResultStore``) of results kept across runs.
+    ``memory_budget``: total bytes for all workers (``"2 GiB"``): the run is planned
+    (``graph.memory_plan``) and the plan installed on the workers (``graph.budget``).
+    ``sample_sizes``: run the first branch alone first and plan with its measured sizes.
+    ``order``: ``"depth-first"`` (Quiver's priorities) or ``"dask"`` (Dask's own ordering).
+    ``disk_bandwidth``: bytes/s the plan assumes for spilling (default: measured on a worker).
+    """
+    if order not in ("depth-first", "dask"):
+        raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
     start = time.perf_counter()
     run_id = uuid.uuid4().hex[:12]
+    # ---- graph transforms (graph/store.py): result store, not-rerunnable steps ----
+    from .store import prepare
+
+    plan = prepare(compiled, store, run_id)
+    compiled = plan.compiled
+    # -------------------------------------------------------------------------------
     monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
     client.register_plugin(monitor)
     bar = Progress(enabled=progress)
-    ex = _Execution(compiled, client, bar)
+    ex = _Execution(compiled, client, bar, depth_first=order == "depth-first")
+    # ---- graph/dashboard.py, graph/events.py: the dashboard pages, published branch states, training line ----
+    ensure_dashboard(client)
+    ex.publisher = ExplorationPublisher(client, run_id, compiled)
+    ex.publisher.start()
+    watch = TrainingWatch(client, bar)
+    # -------------------------------------------------------------------------------
+    budgeted = None
     try:
+        budgeted = BudgetedRun(
+            client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth
+        )
+        budgeted.start(ex, monitor.name)  # plans, and marks what may be dropped and recomputed
         ex.run()
         rows = ex.row_states()
         ok_keys = [r.branch.key for r in rows if r.has_value]
         values = dict(zip(ok_keys, client.gather([ex.futures[k] for k in ok_keys]))) if ok_keys else {}
         snap = client.run_on_scheduler(snapshot_on_scheduler, name=monitor.name)
+        budget_stats = budgeted.stats(snap, compiled)
     finally:
+        if sys.exc_info()[1] is not None:  # the run stopped early: say so on the dashboard
+            ex.publisher.finish([], error=f"{type(sys.exc_info()[1]).__name__}: {sys.exc_info()[1]}")
+        watch.close()
+        if budgeted is not None:
+            budgeted.close()
         bar.close()
         ex.futures.clear()
         try:
@@ -407,9 +543,13 @@ def execute(
         "branches": len(rows),
         "failed_branches": sum(r.status == "failed" for r in rows),
         "peak_memory_bytes": snap.get("peak_memory_bytes", 0),
-        "spilled_bytes": snap.get("spilled_bytes", 0),
+        "peak_worker_memory_bytes": snap.get("peak_worker_memory_bytes", 0),
         "wall_seconds": time.perf_counter() - start,
+        "first_result_seconds": ex.first_result,
     }
+    stats.update(budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
+    stats.update(plan.finish(client, executed))  # graph/store.py: loads are not executions
+    ex.publisher.finish(rows, stats)  # graph/events.py: final statuses for the dashboard
     if raise_if_all_failed and rows and all(r.status == "failed" for r in rows):
         first = rows[0]
         raise RunError(
@@ -418,4 +558,11 @@ def execute(
             "error for each branch's error and traceback.",
             table=table,
         )
-    return RunRecord(table=table, values=kept, single=compiled.single_value, stats=stats, compiled=compiled)
+    return RunRecord(
+        table=table,
+        values=kept,
+        single=compiled.single_value,
+        stats=stats,
+        compiled=compiled,
+        memory_plan=budgeted.plan,
+    )

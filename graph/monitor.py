@@ -13,6 +13,7 @@ sizes, and samples the workers' process memory and spilled bytes.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -30,9 +31,18 @@ class RunMonitor(SchedulerPlugin):
         self.seconds: dict[str, float] = {}
         self.nbytes: dict[str, int] = {}
         self.peak_memory = 0
+        self.peak_worker = 0
         self.peak_spilled = 0
+        self.timeline: list[tuple[float, int, int]] = []  # (seconds, process bytes, spilled bytes)
+        self.limit: int | None = None
+        self.topic: str | None = None
+        self._t0: float | None = None
         self._scheduler = None
         self._callback = None
+
+    def guard(self, limit: int | None, topic: str | None) -> None:
+        """Publish an abort on ``topic`` when one of the run's results exceeds ``limit`` bytes."""
+        self.limit, self.topic = limit, topic
 
     async def start(self, scheduler) -> None:
         from tornado.ioloop import PeriodicCallback
@@ -55,7 +65,15 @@ class RunMonitor(SchedulerPlugin):
         process = sum(ws.memory.process for ws in workers)
         spilled = sum(ws.memory.spilled for ws in workers)
         self.peak_memory = max(self.peak_memory, process)
+        self.peak_worker = max([self.peak_worker] + [ws.memory.process for ws in workers])
         self.peak_spilled = max(self.peak_spilled, spilled)
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if not self.timeline or now - self._t0 - self.timeline[-1][0] >= 0.25:
+            self.timeline.append((round(now - self._t0, 3), int(process), int(spilled)))
+            if len(self.timeline) > 4000:  # long runs: keep every other sample
+                self.timeline = self.timeline[::2]
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         if start != "processing" or finish not in ("memory", "erred") or key not in self.keys:
@@ -68,6 +86,10 @@ class RunMonitor(SchedulerPlugin):
         self.seconds[key] = self.seconds.get(key, 0.0) + compute
         if kwargs.get("nbytes") is not None:
             self.nbytes[key] = kwargs["nbytes"]
+            if self.limit is not None and self.topic and kwargs["nbytes"] > self.limit and self._scheduler:
+                from .budget import oversized_message
+
+                self._scheduler.log_event(self.topic, oversized_message(key, kwargs["nbytes"], self.limit))
 
     def snapshot(self) -> dict[str, Any]:
         self.sample()
@@ -76,7 +98,9 @@ class RunMonitor(SchedulerPlugin):
             "seconds": dict(self.seconds),
             "nbytes": dict(self.nbytes),
             "peak_memory_bytes": self.peak_memory,
+            "peak_worker_memory_bytes": self.peak_worker,
             "spilled_bytes": self.peak_spilled,
+            "timeline": list(self.timeline),
         }
 
 

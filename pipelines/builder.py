@@ -40,8 +40,9 @@ from graph.spec import (
     fn_name,
     max_branches,
 )
+from graph.spec import branch_limit, count_branches
 
-from .alternatives import expand
+from .alternatives import count, expand
 
 __all__ = ["Pipeline", "Node", "combine"]
 
@@ -60,6 +61,11 @@ def _check_call(where: str, call: Call, inputs: tuple[str, ...] | None) -> None:
 
     check_tokenizable(where, f"step function {call.label}", call.fn)
     for name, value in call.params:
+        if isinstance(value, Node):
+            raise PipelineError(
+                f"{where}: parameter {name!r} of {call.label} is a pipeline node; parameters are fixed "
+                f"values. To feed a node's output into a step, use combine({call.label}, {name}=node, ...)."
+            )
         check_tokenizable(where, f"parameter {name!r} of {call.label}", value)
     try:
         sig = inspect.signature(call.fn)
@@ -78,6 +84,20 @@ def _check_call(where: str, call: Call, inputs: tuple[str, ...] | None) -> None:
             f"{where}: {call.label}{sig} cannot be called as {shape} with {given}: {exc}. "
             "Fix the parameter names, or the step's signature."
         ) from None
+
+
+def _check_branch_limit(where: str, upstream: int, alternatives: int) -> None:
+    """Refuse an explore whose branches (before any choose) would pass ``branch_limit()``."""
+    limit = branch_limit()
+    total = upstream * alternatives
+    if limit is not None and total > limit:
+        raise PipelineError(
+            f"{where}: this explore would make {total:,} branches ({upstream:,} flowing in x "
+            f"{alternatives:,} alternatives), above the limit of {limit:,}: every branch is at least "
+            "one task, so nothing has been built. Narrow the grid, choose before exploring further, "
+            f"or raise the limit: QUIVER_BRANCH_LIMIT={total} in the environment (quiver run "
+            f"--branch-limit {total})."
+        )
 
 
 def _label(fn: Any) -> str:
@@ -132,6 +152,7 @@ class Node:
                 "column would be ambiguous. Give this explore another name, e.g. "
                 f"explore({name + '_2'!r}, ...)."
             )
+        _check_branch_limit(where, count_branches(self.spec), count(alternatives, named_alternatives, where))
         alts = expand(where, alternatives, named_alternatives)
         for alt in alts:
             _check_call(f"{where}, alternative {alt.label!r}", alt.call, None)
@@ -199,6 +220,36 @@ class Node:
             )
         )
 
+    def size_hint(self, nbytes: Any) -> "Node":
+        """Say how big this node's step output is (per branch), for the memory plan.
+
+        ``nbytes``: bytes or a string like ``"40 MiB"``.  Applies to every
+        alternative of an explore.  Measured sizes replace hints as a run proceeds.
+
+        >>> from pipelines import Pipeline
+        >>> n = Pipeline("p").source(lambda: b"x" * 100).size_hint("1 kB")
+        >>> n.spec.call.size_hint
+        1000
+        """
+        import dataclasses
+
+        from graph.sizes import parse_bytes
+
+        where = f"{describe(self.spec)} -> size_hint({nbytes!r})"
+        try:
+            n = parse_bytes(nbytes, "size_hint")
+        except ValueError as exc:
+            raise PipelineError(f"{where}: {exc}") from None
+        spec = self.spec
+        if isinstance(spec, ExploreSpec):
+            alts = tuple(
+                dataclasses.replace(a, call=dataclasses.replace(a.call, size_hint=n)) for a in spec.alternatives
+            )
+            return Node(dataclasses.replace(spec, alternatives=alts))
+        if not hasattr(spec, "call"):
+            raise PipelineError(f"{where}: a choose produces no new data; put the hint on the step before it")
+        return Node(dataclasses.replace(spec, call=dataclasses.replace(spec.call, size_hint=n)))
+
     # ---- compiling and running ------------------------------------------------------------------
     def compile(self):
         """The compiled Dask graph of this node (``graph.compile``): inspect it without a cluster."""
@@ -213,10 +264,20 @@ class Node:
         embedded ``LocalCluster`` (closed afterwards).  Options: ``workers``,
         ``threads_per_worker``, ``memory_limit`` (embedded cluster only),
         ``progress`` (``True``/``False``; default: only on a terminal), ``quiet``
-        (no dashboard line), ``raise_if_all_failed`` (default ``True``).
+        (no dashboard line), ``raise_if_all_failed`` (default ``True``),
+        ``memory_budget`` (total bytes for all workers, e.g. ``"2 GiB"``: the run follows
+        a memory plan, see ``graph.plan_memory``; on an embedded cluster it also sets
+        the workers' memory limits), ``sample_sizes`` (measure the first branch before
+        planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering).
         """
         from .runner import run_node
 
+        import inspect
+
+        known = [p for p in inspect.signature(run_node).parameters if p not in ("node", "client")]
+        unknown = [o for o in options if o not in known]
+        if unknown:  # a clear message rather than run_node()'s TypeError
+            raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; options: {', '.join(known)}")
         return run_node(self, client, **options)
 
 

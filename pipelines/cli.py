@@ -79,6 +79,40 @@ def _positive(text: str) -> int:
     return n
 
 
+def _address(text: str) -> str:
+    from .preflight import ADDRESS
+
+    if not ADDRESS.match(text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"not a scheduler address: {text!r} (expected [protocol://]host:port, e.g. tcp://127.0.0.1:8786)"
+        )
+    return text.strip()
+
+
+def _store_dir(text: str) -> str:
+    p = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty store path")
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text
+
+
+def _limit(text: str) -> int:
+    if text.strip().lower() in ("0", "none"):
+        return 0
+    return _positive(text)
+
+
+def _json_path(text: str) -> str:
+    parent = Path(text).expanduser().resolve().parent
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no directory {str(parent)!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quiver",
@@ -96,12 +130,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("file", metavar="FILE", help="Python file that defines the pipeline")
     run.add_argument("--node", default="output", help="name of the node to run (default: output)")
-    run.add_argument("--scheduler", metavar="ADDRESS", help="address of a running scheduler, e.g. tcp://127.0.0.1:8786")
+    run.add_argument("--scheduler", type=_address, metavar="ADDRESS", help="address of a running scheduler, e.g. tcp://127.0.0.1:8786")
     run.add_argument("--workers", type=_positive, metavar="N", help="worker processes of the embedded cluster")
     run.add_argument("--threads-per-worker", type=_positive, default=1, metavar="N", help="threads per worker (default 1)")
     run.add_argument("--memory-limit", type=_size, default="auto", metavar="SIZE", help="memory limit per worker of the embedded cluster (e.g. 2GiB; default auto)")
+    run.add_argument(
+        "--memory-budget",
+        type=_size,
+        metavar="SIZE",
+        help="total memory for all workers (e.g. 2GiB): the run follows a memory plan (what to keep, "
+        "spill or recompute); on the embedded cluster it also sets each worker's memory limit",
+    )
+    run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
+    run.add_argument("--order", choices=("depth-first", "dask"), default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    run.add_argument("--json", metavar="PATH", help="also write the table and stats to PATH as JSON")
+    run.add_argument("--json", type=_json_path, metavar="PATH", help="also write the table and stats to PATH as JSON")
+    run.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write a report to DIR: PNG figures (metric per branch, training curves, memory) and a "
+        "self-contained report.html",
+    )
+    run.add_argument(
+        "--branch-limit",
+        type=_limit,
+        metavar="N",
+        help="refuse explores with more than N branches (default 100000, or $QUIVER_BRANCH_LIMIT; 0: no limit)",
+    )
+    run.add_argument(
+        "--store",
+        type=_store_dir,
+        metavar="DIR",
+        help="keep step results in DIR across runs (keyed by code, parameters and inputs): a rerun "
+        "computes only what is new or changed. DIR must be visible to every worker (shared filesystem across hosts)",
+    )
     return parser
 
 
@@ -119,6 +181,18 @@ def _print_result(result, out) -> None:
         f"{s['naive_tasks']} if every branch ran alone; {s['wall_seconds']:.1f}s",
         file=out,
     )
+    if "memory_budget_bytes" in s:
+        from graph.sizes import format_bytes
+
+        print(
+            f"memory: budget {format_bytes(s['memory_budget_bytes'])}, predicted peak "
+            f"{format_bytes(s['predicted_peak_bytes'])}, measured peak {format_bytes(s['peak_memory_bytes'])}; "
+            f"spilled {format_bytes(s['spilled_bytes'])}, read back {format_bytes(s['read_back_bytes'])}, "
+            f"{s['recomputed_tasks']} task(s) recomputed",
+            file=out,
+        )
+    if "store" in s:
+        print(f"store {s['store']}: {s['loaded_from_store']} results loaded, {s['saved_to_store']} saved", file=out)
     chosen = result.chosen
     if len(chosen):
         print(f"chosen branch(es): {', '.join(str(i) for i in chosen.index)}", file=out)
@@ -127,18 +201,30 @@ def _print_result(result, out) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "memory_budget", None) in ("auto", 0):
+        parser.error("--memory-budget needs a size such as 2GiB")
+    if getattr(args, "sample_sizes", False) and not args.memory_budget:
+        parser.error("--sample-sizes plans memory, so it needs --memory-budget SIZE too")
     from graph.errors import PipelineError, RunError
 
+    if args.scheduler and args.workers:  # a bad combination of arguments: exit 2, before loading the file
+        parser.error("--workers applies to the embedded cluster only; drop it when using --scheduler")
+    if args.branch_limit is not None:  # read when the file builds its pipeline (graph.spec.branch_limit)
+        import os
+
+        os.environ["QUIVER_BRANCH_LIMIT"] = str(args.branch_limit)
     try:
         node = load_node(args.file, args.node)
-        if args.scheduler and args.workers:
-            raise CLIError("--workers applies to the embedded cluster only; drop it when using --scheduler")
         result = node.run(
             args.scheduler,
             workers=args.workers,
             threads_per_worker=args.threads_per_worker,
             memory_limit=args.memory_limit,
             progress=False if args.no_progress else None,
+            memory_budget=args.memory_budget,
+            sample_sizes=args.sample_sizes,
+            order=args.order,
+            store=args.store,
         )
     except (CLIError, PipelineError, RunError) as exc:
         print(f"quiver: error: {exc}", file=sys.stderr)
@@ -155,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
             "stats": result.stats,
         }
         Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
+    if args.report:
+        try:
+            written = result.plot(args.report)
+        except (ImportError, OSError) as exc:  # e.g. matplotlib missing, or DIR not writable
+            print(f"quiver: error: cannot write the report to {args.report}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        print(f"report: {written['html']}", file=sys.stdout)
     return 0
 
 

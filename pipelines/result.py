@@ -28,11 +28,28 @@ class Result:
     values: list
     stats: dict = field(default_factory=dict)
     compiled: Any = field(default=None, repr=False)
+    #: the ``graph.memory_plan.MemoryPlan`` the run followed (runs with a ``memory_budget``)
+    memory_plan: Any = field(default=None, repr=False)
 
     @property
     def chosen(self):
         """The rows of ``table`` that were kept."""
         return self.table[self.table["chosen"]]
+
+    def plot(self, path, *, title: str | None = None) -> dict:
+        """Write PNG figures and a self-contained HTML report to ``path`` (a directory, or a ``.html`` file).
+
+        The metric of every branch grouped by each explore's alternatives (the chosen branch
+        highlighted), the training curves of the chosen run(s) when they have a ``history``,
+        and memory over time when ``stats["memory_timeline"]`` exists. Returns the paths
+        written, e.g. ``{"metrics": .../metrics.png, "html": .../report.html}``; see
+        :mod:`pipelines.report`.
+
+        >>> result.plot("report/")                      # doctest: +SKIP
+        """
+        from .report import write_report
+
+        return write_report(self, path, title=title)
 
     def __repr__(self) -> str:
         s = self.stats

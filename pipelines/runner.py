@@ -18,22 +18,71 @@ def run_node(
     progress: bool | None = None,
     quiet: bool = False,
     raise_if_all_failed: bool = True,
+    store: Any = None,
+    memory_budget: Any = None,
+    sample_sizes: bool = False,
+    order: str = "depth-first",
+    disk_bandwidth: Any = None,
 ) -> Result:
     import graph
     from graph.cluster import connect
     from graph.executor import execute
 
+    if order not in ("depth-first", "dask"):
+        raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
+    if store is not None:  # a bad store path is refused before a cluster starts
+        from graph.store import ResultStore
+
+        try:
+            store = ResultStore(store)
+        except (ValueError, OSError) as exc:
+            raise graph.PipelineError(f"store: {exc}") from None
+    from .preflight import check_run  # bad options or unpicklable steps: refused before a cluster starts
+
+    check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
+    if memory_budget is not None:  # a bad budget, or a step hinted too big, fails before a cluster starts
+        from graph.memory_plan import plan_memory
+        from graph.sizes import parse_bytes
+
+        try:
+            parse_bytes(memory_budget)
+            if disk_bandwidth is not None:
+                parse_bytes(disk_bandwidth, "disk_bandwidth")
+        except ValueError as exc:
+            raise graph.PipelineError(str(exc)) from None
+        if client is None:
+            from graph.cluster import default_workers
+
+            plan_memory(compiled, memory_budget, workers=workers or default_workers())
     with connect(
         client,
+        memory_budget=memory_budget if client is None else None,
         n_workers=workers,
         threads_per_worker=threads_per_worker,
         memory_limit=memory_limit,
         quiet=quiet,
     ) as c:
-        record = execute(compiled, c, progress=progress, raise_if_all_failed=raise_if_all_failed)
+        record = execute(
+            compiled,
+            c,
+            progress=progress,
+            raise_if_all_failed=raise_if_all_failed,
+            store=store,
+            memory_budget=memory_budget,
+            sample_sizes=sample_sizes,
+            order=order,
+            disk_bandwidth=disk_bandwidth,
+        )
     if record.single:
         value = record.values[0] if record.values else None
     else:
         value = record.values
-    return Result(table=record.table, value=value, values=record.values, stats=record.stats, compiled=compiled)
+    return Result(
+        table=record.table,
+        value=value,
+        values=record.values,
+        stats=record.stats,
+        compiled=compiled,
+        memory_plan=record.memory_plan,
+    )

@@ -50,3 +50,14 @@ def test_sma_vs_ssgd_quick(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert "SMA" in proc.stdout and data
+
+
+def test_memory_planner_quick(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = run("memory_planner.py", "--quick", "--output", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    results = data["results"]
+    assert len(results) == 4 and all(r["wall_s"] > 0 for r in results.values())
+    # every configuration found the same best branch: planning never changes results
+    assert data["targets"]["same_best_score"]

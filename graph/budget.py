@@ -1,0 +1,258 @@
+"""Running inside a memory budget: measure, plan, install the plan on the workers, report.
+
+The executor calls this when a run has a ``memory_budget``: it measures an idle
+worker's memory, optionally runs the first branch as a sampling pass (its results
+are kept and reused by the run), plans with :func:`graph.memory_plan.plan_memory`,
+marks the results it plans to drop and recompute, installs the plan's eviction order
+and spill target on every worker (:class:`graph.spill.MemoryPlanPlugin`), and
+asks the scheduler-side monitor to stop the run at once if a result turns out
+larger than a worker's share of the budget.
+
+>>> worker_limits("1 GiB", 2)
+536870912
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import RunError
+from .memory_plan import SPILL_FRACTION, MemoryPlan, plan_memory
+from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
+from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
+
+__all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "spill_counters"]
+
+
+def worker_limits(budget: Any, workers: int) -> int:
+    """Each worker's ``memory_limit`` for a total ``budget`` split evenly."""
+    return parse_bytes(budget) // max(1, workers)
+
+
+def _rss(dask_worker: Any = None) -> int:
+    """A worker's memory apart from the results it holds, after giving freed heap back to
+    the OS (``malloc_trim``, as Dask's docs advise for unmanaged memory)."""
+    import ctypes
+    import gc
+
+    import psutil
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    rss = psutil.Process().memory_info().rss
+    fast = getattr(getattr(dask_worker, "data", None), "fast", None)
+    held = int(getattr(fast, "total_weight", 0) or 0)
+    return max(rss - held, 0)
+
+
+def measure_baseline(client: Any, ceiling: int | None = None, patience: float = 5.0) -> tuple[int, int]:
+    """(number of workers, memory of the largest worker process apart from the results it
+    holds, plus a 15% margin).  Above ``ceiling`` it measures again for up to ``patience``
+    seconds, keeping each worker's lowest reading: memory a previous run freed a moment ago
+    is not an idle worker's."""
+    import time
+
+    rss = client.run(_rss)
+    if not rss:  # e.g. workers restarting after a nanny killed them
+        try:
+            client.wait_for_workers(1, timeout=60)
+        except TimeoutError:
+            raise RunError("the cluster has no workers; start some before running") from None
+        rss = client.run(_rss)
+    deadline = time.monotonic() + patience
+    while ceiling is not None and max(rss.values()) * 1.15 > ceiling and time.monotonic() < deadline:
+        time.sleep(0.5)
+        again = client.run(_rss)
+        rss = {w: min(v, again.get(w, v)) for w, v in rss.items()}
+    return len(rss), int(max(rss.values()) * 1.15)
+
+
+def _disk_speed(dask_worker: Any, nbytes: int = 32 * 2**20) -> float:
+    """Bytes/s of a pickle write and read back in the worker's spill directory (what a
+    spill round trip costs there, page cache included, as Dask's spilling sees it)."""
+    import os
+    import pickle
+    import tempfile
+    import time
+
+    import numpy as np
+
+    data = np.ones(nbytes // 8)
+    with tempfile.TemporaryDirectory(dir=dask_worker.local_directory) as d:
+        path = os.path.join(d, "probe")
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            pickle.dump(data, f, protocol=5)
+        with open(path, "rb") as f:
+            pickle.load(f)
+        elapsed = time.perf_counter() - t0
+    return 2 * nbytes / max(elapsed, 1e-6)
+
+
+def measure_disk_bandwidth(client: Any) -> float:
+    """The slowest worker's spill throughput (bytes/s), measured once per run."""
+    try:
+        speeds = client.run(_disk_speed)
+    except Exception:  # no numpy or no local directory: fall back to the planner's default
+        from .memory_plan import DEFAULT_DISK_BANDWIDTH
+
+        return DEFAULT_DISK_BANDWIDTH
+    return float(min(speeds.values()))
+
+
+def spill_counters(client: Any) -> dict[str, dict[str, float]]:
+    """Every worker's cumulative spill counters."""
+    try:
+        return client.run(spill_metrics)
+    except Exception:  # a worker went away mid-call: report what the others say next time
+        return {}
+
+
+def _delta(before: dict, after: dict, field: str) -> float:
+    """Growth of a cumulative counter summed over workers (a restarted worker counts from 0)."""
+    total = 0.0
+    for w, m in after.items():
+        now, then = m.get(field, 0.0), before.get(w, {}).get(field, 0.0)
+        total += now - then if now >= then else now
+    return total
+
+
+def _set_guard(dask_scheduler: Any, name: str, keys: list, limit: int | None, topic: str) -> None:
+    plugin = dask_scheduler.plugins.get(name)
+    if plugin is not None:
+        plugin.keys.update(keys)
+        plugin.guard(limit, topic)
+
+
+class BudgetedRun:
+    """The memory-budget side of one run (see the module docstring)."""
+
+    def __init__(
+        self, client: Any, budget: Any, *, sample: bool = False, run_id: str = "run", disk_bandwidth: Any = None
+    ):
+        self.disk_bandwidth = None if disk_bandwidth is None else parse_bytes(disk_bandwidth, "disk_bandwidth")
+        self.client = client
+        self.budget = parse_bytes(budget) if budget is not None else None
+        self.sample = sample
+        self.run_id = run_id
+        self.plan: MemoryPlan | None = None
+        self.plugin_name: str | None = None
+        self.topic = f"quiver-abort-{run_id}"
+        self.replans = 0
+        self.first_prediction: dict | None = None
+        self.too_big: set[str] = set()
+        self.before = spill_counters(client)
+
+    def start(self, ex: Any, monitor_name: str) -> None:
+        """Plan and install; ``ex`` is the executor's ``_Execution``."""
+        client = self.client
+        client.subscribe_topic(self.topic, lambda event: ex.events.put(("abort", event[1])))
+        if self.budget is None:
+            return
+        n = len(client.scheduler_info().get("workers", {})) or 1
+        workers, baseline = measure_baseline(client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2)
+        self.planned_with = (workers, baseline, monitor_name)
+        if self.disk_bandwidth is None:
+            self.disk_bandwidth = measure_disk_bandwidth(client)
+        share = int(self.budget // workers * SPILL_FRACTION) - baseline
+        if share > 0:  # the guard is on before anything runs, the sampling pass included
+            client.run_on_scheduler(_set_guard, name=monitor_name, keys=[], limit=share, topic=self.topic)
+        if self.sample:
+            ex.prefetch_first()
+        # before anything ran, a step hinted too big is a definition error; after the sampling
+        # pass, a measured one is the guard's to report (it stops the run with a RunError)
+        self.plan = self._plan(ex, strict=not self.sample)
+        self.too_big.update(self.plan.too_big)
+        ex.droppable = self.plan.droppable
+        if not self.sample:
+            ex.on_first_result = self.replan
+        ex.on_decision = self.replan
+        self.plugin_name = f"quiver-memory-{self.run_id}"
+        plugin = MemoryPlanPlugin(
+            self.plugin_name, self.plan.next_uses(), self.plan.positions(), self.plan.worker_data_budget
+        )
+        client.register_plugin(plugin)
+
+    def _plan(self, ex: Any, strict: bool) -> MemoryPlan:
+        """A plan from the sizes and seconds measured so far and the chooses' decisions."""
+        from .monitor import snapshot_on_scheduler
+
+        workers, baseline, monitor_name = self.planned_with
+        snap = self.client.run_on_scheduler(snapshot_on_scheduler, name=monitor_name)
+        sizes = SizeEstimates(hints=ex.c.size_hints)
+        sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in ex.c.graph})
+        return plan_memory(
+            ex.c,
+            self.budget,
+            workers=workers,
+            baseline=baseline,
+            sizes=sizes,
+            seconds=snap.get("seconds", {}),
+            disk_bandwidth=self.disk_bandwidth,
+            decided=dict(ex.gate),
+            strict=strict,
+        )
+
+    def replan(self, ex: Any) -> None:
+        """Plan again (the first result is in, or a choose decided) and send the workers the
+        new planned uses.  Never fails the run: a result too big is the guard's to report."""
+        plan = self._plan(ex, strict=False)
+        if self.plan is not None and self.plan.predicted_peak and not self.replans:
+            self.first_prediction = self.plan.summary()
+        self.plan = plan
+        self.replans += 1
+        self.too_big.update(plan.too_big)
+        ex.droppable = plan.droppable
+        if self.plugin_name is not None:
+            try:
+                self.client.run(
+                    update_plan_on_worker, name=self.plugin_name, uses=plan.next_uses(), positions=plan.positions()
+                )
+            except Exception:  # a worker went away: the others still got it
+                pass
+
+    def close(self) -> None:
+        try:
+            self.client.unsubscribe_topic(self.topic)
+        except Exception:
+            pass
+        if self.plugin_name is not None:
+            try:
+                self.client.unregister_worker_plugin(self.plugin_name)
+            except Exception:  # workers may be gone; nothing to restore there
+                pass
+
+    def stats(self, snap: dict, compiled: Any) -> dict[str, Any]:
+        after = spill_counters(self.client)
+        executed = snap.get("executed", {})
+        out: dict[str, Any] = {
+            "spilled_bytes": int(_delta(self.before, after, "write_bytes")),
+            "read_back_bytes": int(_delta(self.before, after, "read_bytes")),
+            "recomputed_tasks": sum(n - 1 for n in executed.values() if n > 1),
+            "memory_timeline": snap.get("timeline", []),
+        }
+        if self.plan is not None:
+            out.update(self.plan.summary())
+            out["disk_bandwidth"] = self.disk_bandwidth
+            out["memory_plan_source"] = "sampled" if self.sample else "estimated, then measured"
+            out["memory_replans"] = self.replans
+            if self.first_prediction is not None:
+                out["first_predicted_peak_bytes"] = self.first_prediction["predicted_peak_bytes"]
+            if self.too_big:
+                out["steps_over_worker_share"] = sorted({step_of(k) for k in self.too_big})
+            measured = {k: n for k, n in snap.get("nbytes", {}).items() if k in compiled.graph}
+            out["measured_result_bytes"] = sum(measured.values())
+        return out
+
+
+def oversized_message(key: str, nbytes: int, limit: int) -> str:
+    """The error for a result larger than a worker's share of the budget."""
+    return (
+        f"step {step_of(key)!r} produced a result of {format_bytes(nbytes)}, more than one worker's "
+        f"share of the memory budget for results ({format_bytes(limit)}); it cannot be held even with "
+        "spilling, so the run was stopped instead of pausing or losing workers. Raise memory_budget, "
+        "use fewer workers, or split the step into smaller pieces."
+    )

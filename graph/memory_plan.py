@@ -1,0 +1,476 @@
+"""The memory plan: what stays in memory, what goes to disk, what is recomputed.
+
+An exploration is known before it runs, so every intermediate's future uses are
+known too.  :func:`plan_memory` walks the graph in the order the executor runs
+it (depth-first, stage by stage up to each choose), holds each result exactly
+until its last use, and whenever the results held would exceed the budget it
+evicts the one needed *furthest in the future* (Belady's rule, not LRU).  An
+evicted result is spilled to disk until its next use, or dropped and recomputed
+there when recomputing is cheaper than a disk round trip.  The plan is a plain
+value: print it, test it, and compare it with what a run measured.
+
+>>> from graph.spec import SourceSpec, ExploreSpec, Alternative, Call
+>>> def load(): return b"x" * 100
+>>> def scale(x, f): return x * f
+>>> src = SourceSpec("demo", Call(load, (), "load", size_hint=100))
+>>> alts = tuple(Alternative(f"x{f}", Call(scale, (("f", f),), "scale", size_hint=100 * f)) for f in (1, 2))
+>>> from graph.compiler import compile_spec
+>>> plan = plan_memory(compile_spec(ExploreSpec(src, "f", alts)), budget=1000, workers=1, baseline=0)
+>>> plan.fits, plan.predicted_data_peak
+(True, 400)
+>>> [d.action for d in plan.decisions.values()]
+['keep', 'keep', 'keep']
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PipelineError
+from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
+
+__all__ = [
+    "Decision",
+    "MemoryPlan",
+    "execution_order",
+    "plan_memory",
+    "KEEP",
+    "SPILL",
+    "RECOMPUTE",
+    "DEFAULT_BASELINE",
+    "DEFAULT_DISK_BANDWIDTH",
+]
+
+KEEP, SPILL, RECOMPUTE = "keep", "spill", "recompute"
+#: assumed memory of an idle worker process (Python, NumPy, Dask) when none is measured
+DEFAULT_BASELINE = 160 * 2**20
+#: assumed disk throughput (bytes/s) when deciding spill vs recompute
+DEFAULT_DISK_BANDWIDTH = 300e6
+#: share of a worker's memory limit results may use: Dask's own ``spill`` threshold
+#: (process memory above it makes the worker evict), below ``pause`` (0.8)
+SPILL_FRACTION = 0.7
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The plan for one intermediate.
+
+    ``action``: ``keep`` (in memory from creation to last use), ``spill`` (written to
+    disk when room is needed, read back at its next use) or ``recompute`` (dropped,
+    recomputed under a distinct key for its later uses).  ``uses``: positions in the
+    plan's ``order`` of the tasks that read it (``len(order)`` for the final gather).
+    """
+
+    key: str
+    nbytes: int
+    source: str
+    action: str
+    uses: tuple[int, ...]
+    evicted_at: int | None = None
+
+    @property
+    def step(self) -> str:
+        return step_of(self.key)
+
+
+@dataclass
+class MemoryPlan:
+    """A plan for running one compiled exploration inside ``budget`` bytes (all workers)."""
+
+    budget: int
+    workers: int
+    baseline: int
+    worker_data_budget: int
+    order: tuple[str, ...]
+    decisions: dict[str, Decision]
+    predicted_data_peak: int
+    spill_bytes: int
+    read_bytes: int
+    recomputed: int
+    estimated_keys: dict[str, int] = field(default_factory=dict)  # how many sizes came from each source
+    too_big: list[str] = field(default_factory=list)  # steps over a worker's share (non-strict re-plans)
+
+    @property
+    def data_budget(self) -> int:
+        """Bytes of results one worker may hold (the plan's capacity)."""
+        return self.worker_data_budget
+
+    @property
+    def predicted_peak(self) -> int:
+        """Predicted total process memory: every worker idle memory plus the results it holds at
+        its worst moment (each worker is modelled as holding up to its own share)."""
+        return (self.baseline + self.predicted_data_peak) * self.workers
+
+    @property
+    def fits(self) -> bool:
+        return self.predicted_peak <= self.budget
+
+    @property
+    def worker_memory_limit(self) -> int:
+        return self.budget // self.workers
+
+    def positions(self) -> dict[str, int]:
+        return {k: i for i, k in enumerate(self.order)}
+
+    def next_uses(self) -> dict[str, tuple[int, ...]]:
+        """For each key, the positions at which it is read: what workers evict by."""
+        return {k: d.uses for k, d in self.decisions.items()}
+
+    def count(self, action: str) -> int:
+        return sum(1 for d in self.decisions.values() if d.action == action)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "memory_budget_bytes": self.budget,
+            "predicted_peak_bytes": self.predicted_peak,
+            "predicted_data_peak_bytes": self.predicted_data_peak,
+            "predicted_spill_bytes": self.spill_bytes,
+            "predicted_recomputed_tasks": self.recomputed,
+            "planned_keep": self.count(KEEP),
+            "planned_spill": self.count(SPILL),
+            "planned_recompute": self.count(RECOMPUTE),
+        }
+
+    def __str__(self) -> str:
+        head = (
+            f"Memory plan: budget {format_bytes(self.budget)} over {self.workers} worker(s) "
+            f"({format_bytes(self.worker_memory_limit)} each; results may use "
+            f"{format_bytes(self.worker_data_budget)} of it beside an idle worker's "
+            f"{format_bytes(self.baseline)})\n"
+            f"  predicted peak {format_bytes(self.predicted_peak)} "
+            f"({'fits' if self.fits else 'OVER BUDGET'}); results held per worker at most "
+            f"{format_bytes(self.predicted_data_peak)}\n"
+            f"  {self.count(KEEP)} kept, {self.count(SPILL)} spilled "
+            f"({format_bytes(self.spill_bytes)} written, {format_bytes(self.read_bytes)} read back), "
+            f"{self.count(RECOMPUTE)} recomputed; sizes: "
+            + ", ".join(f"{n} {src}" for src, n in sorted(self.estimated_keys.items()))
+        )
+        rows = [f"  {'step':<24} {'size':>10} {'from':<8} {'action':<9} uses (of {len(self.order)} tasks)"]
+        for d in sorted(self.decisions.values(), key=lambda d: (d.action == KEEP, -d.nbytes)):
+            uses = ",".join(str(u) for u in d.uses[:6]) + ("..." if len(d.uses) > 6 else "")
+            rows.append(f"  {d.step[:24]:<24} {format_bytes(d.nbytes):>10} {d.source:<8} {d.action:<9} {uses}")
+            if len(rows) > 40:
+                rows.append(f"  ... {len(self.decisions) - 40} more")
+                break
+        return head + "\n" + "\n".join(rows)
+
+    @property
+    def droppable(self) -> frozenset[str]:
+        """Keys the run may release early and recompute on demand (``recompute`` decisions)."""
+        return frozenset(k for k, d in self.decisions.items() if d.action == RECOMPUTE)
+
+
+@dataclass
+class _Schedule:
+    order: list[str]
+    held: set[str]  # gathered at the end
+    hold_until: dict[str, float]  # kept for a choose that may still want them, then released
+    keep_chance: dict[str, float]  # for held-only keys: how likely a choose keeps a branch needing them
+
+
+def _assumed_kept(cp: Any, decided: Mapping[tuple[int, int], str] | None = None) -> tuple[set[int], dict[int, float]]:
+    """Which inputs of a choose the plan assumes it keeps, and each input's chance of being
+    kept: the choose's own decision where it has made one, else the first ``k`` of each group
+    (all of them for a plain threshold, which can keep any number)."""
+    decided = decided or {}
+    groups: dict[Any, list[int]] = {}
+    for i in range(len(cp.inputs)):
+        groups.setdefault(cp.group_of(i), []).append(i)
+    kept: set[int] = set()
+    chance: dict[int, float] = {}
+    for members in groups.values():
+        if any((cp.index, i) in decided for i in members):
+            for i in members:
+                keep = decided.get((cp.index, i)) == "keep"
+                chance[i] = 1.0 if keep else 0.0
+                if keep:
+                    kept.add(i)
+        elif cp.spec.k is None:
+            kept.update(members)
+            chance.update({i: 1.0 for i in members})
+        else:
+            kept.update(members[: cp.spec.k])
+            chance.update({i: min(1.0, cp.spec.k / len(members)) for i in members})
+    return kept, chance
+
+
+def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None = None) -> _Schedule:
+    """The order the executor runs tasks in, as the plan models it.
+
+    Stage by stage (branches behind fewer chooses first, as the executor opens them),
+    in declaration order, each branch depth-first (a task right after its inputs).
+    Behind a choose the plan follows its decision (``decided``: the executor's gates,
+    ``{(choose, input): "keep" | "drop" | "cancel"}``) or, before it decides, assumes its
+    first ``k`` inputs (per group) are kept; the other branches' inputs are only held
+    until the choose decides.
+    """
+    assumed = {cp.index: _assumed_kept(cp, decided) for cp in compiled.chooses}
+    kept = {c: a[0] for c, a in assumed.items()}
+    tips: list[tuple[int, int, list[str], tuple]] = []
+    for cp in compiled.chooses:
+        for i, b in enumerate(cp.inputs):
+            tips.append((len(b.gates), len(tips), list(b.lineage) + [cp.metric_keys[i]], b.gates))
+    outputs_from = len(tips)
+    for b in compiled.branches:
+        tips.append((len(b.gates), len(tips), list(b.lineage), b.gates))
+    tips.sort(key=lambda t: (t[0], t[1]))
+
+    def deps(key: str):
+        task = compiled.graph.get(key) or compiled.metric_graph[key]
+        return task.dependencies
+
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(key: str) -> None:
+        stack = [(key, False)]
+        while stack:
+            k, expanded = stack.pop()
+            if k in seen:
+                continue
+            if expanded:
+                seen.add(k)
+                order.append(k)
+                continue
+            stack.append((k, True))
+            for d in sorted(deps(k), reverse=True):
+                if d not in seen:
+                    stack.append((d, False))
+
+    excluded: list[tuple[list[str], tuple]] = []
+    held: set[str] = set()
+    for _, n, keys, gates in tips:
+        if all(i in kept[c] for c, i in gates):
+            for k in keys:
+                visit(k)
+            if n >= outputs_from:
+                held.add(keys[-1])
+        else:
+            excluded.append((keys, gates))
+    pos = {k: i for i, k in enumerate(order)}
+    decide_at = {
+        cp.index: max((pos[m] for m in cp.metric_keys if m in pos), default=-1) + 0.5 for cp in compiled.chooses
+    }
+    hold_until: dict[str, float] = {}
+    keep_chance: dict[str, float] = {}
+    for keys, gates in excluded:
+        c_drop, i_drop = next((c, i) for c, i in gates if i not in kept[c])
+        if assumed[c_drop][1].get(i_drop, 0.0) == 0.0:
+            continue  # the choose has dropped this branch: nothing holds its inputs for it
+        for k in keys:
+            if k in pos:
+                hold_until[k] = max(hold_until.get(k, -1.0), decide_at[c_drop])
+                keep_chance[k] = max(keep_chance.get(k, 0.0), assumed[c_drop][1][i_drop])
+    return _Schedule(order, held, hold_until, keep_chance)
+
+
+def plan_memory(
+    compiled: Any,
+    budget: Any,
+    *,
+    workers: int = 1,
+    baseline: int | None = None,
+    sizes: SizeEstimates | Mapping[str, int] | None = None,
+    seconds: Mapping[str, float] | None = None,
+    disk_bandwidth: float = DEFAULT_DISK_BANDWIDTH,
+    default_size: int = 1 << 20,
+    decided: Mapping[tuple[int, int], str] | None = None,
+    strict: bool = True,
+) -> MemoryPlan:
+    """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
+
+    ``baseline``: memory of an idle worker process (measured by the executor; a
+    default otherwise).  ``sizes``: estimated bytes per key (a ``SizeEstimates``,
+    or measured sizes; the compiled ``size_hints`` are used too).  ``seconds``:
+    measured compute seconds per key; without them nothing is planned for
+    recomputation (spilling is the safe default).
+
+    ``decided``: the chooses' decisions so far (a re-plan during a run).
+
+    Raises ``PipelineError`` when a single step needs more than one worker's share
+    of the budget (its inputs and its output together), naming the step and sizes;
+    with ``strict=False`` such steps are listed in ``MemoryPlan.too_big`` instead.
+    """
+    budget = parse_bytes(budget)
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
+    per_worker = budget // workers
+    worker_data = int(per_worker * SPILL_FRACTION) - baseline
+    if worker_data <= 0:
+        raise PipelineError(
+            f"memory budget {format_bytes(budget)} over {workers} worker(s) leaves no room for results: "
+            f"each worker gets {format_bytes(per_worker)}, of which {format_bytes(int(per_worker * SPILL_FRACTION))} "
+            f"before Dask starts spilling, and an idle worker already uses about {format_bytes(baseline)}. "
+            "Raise memory_budget or use fewer workers."
+        )
+    if isinstance(sizes, SizeEstimates):
+        est = sizes
+        for k, n in compiled.size_hints.items():
+            est.hints.setdefault(k, n)
+    else:
+        est = SizeEstimates(hints=compiled.size_hints, measured=sizes or {}, default=default_size)
+    seconds = dict(seconds or {})
+
+    sched = execution_order(compiled, decided)
+    order = sched.order
+    end = len(order)
+    pos = {k: i for i, k in enumerate(order)}
+
+    def deps(key: str):
+        task = compiled.graph.get(key) or compiled.metric_graph[key]
+        return task.dependencies
+
+    uses: dict[str, list[int]] = {k: [] for k in order}
+    for k in order:
+        for d in deps(k):
+            uses[d].append(pos[k])
+    for k in sched.held:
+        uses[k].append(end)
+    for u in uses.values():
+        u.sort()
+    hold = sched.hold_until
+    size = {k: est.get(k) for k in order}
+    sources: dict[str, int] = {}
+    for k in order:
+        if k in compiled.graph:
+            src = est.source(k)
+            sources[src] = sources.get(src, 0) + 1
+    step_seconds: dict[str, float] = {}
+    for k, v in seconds.items():
+        step_seconds[step_of(k)] = max(step_seconds.get(step_of(k), 0.0), v)
+
+    def cost(key: str) -> float:
+        if key in seconds:
+            return seconds[key]
+        return step_seconds.get(step_of(key), math.inf)
+
+    def next_use(key: str, t: float) -> int | None:
+        u = uses[key]
+        i = bisect.bisect_right(u, t)
+        return u[i] if i < len(u) else None
+
+    def alive(key: str, t: float) -> bool:
+        return next_use(key, t) is not None or hold.get(key, -1.0) > t
+
+    # Each worker is modelled as running the whole order with its own share: shared inputs are
+    # copied to every worker that reads them, so this is what one worker can be asked to hold.
+    capacity = worker_data
+    too_big: list[str] = []
+    resident: dict[str, int] = {}
+    on_disk: set[str] = set()
+    action: dict[str, str] = {}
+    evicted_at: dict[str, int] = {}
+    tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
+
+    def chain_cost(key: str, seen: set[str]) -> float:
+        """Seconds to recompute ``key`` from what will still be in memory or on disk."""
+        c = cost(key)
+        for d in deps(key):
+            if d in resident or d in on_disk or d in seen:
+                continue
+            seen.add(d)
+            c += chain_cost(d, seen)
+        return c
+
+    def bring(key: str, t: int) -> None:
+        """Make ``key`` resident: read it back, or recompute it (and what it needs)."""
+        if key in resident:
+            return
+        if key in on_disk:
+            on_disk.discard(key)
+            tally["read"] += size[key]
+        else:
+            for d in deps(key):
+                bring(d, t)
+            tally["recomputed"] += 1
+        resident[key] = size[key]
+        tally["total"] += size[key]
+        tally["peak"] = max(tally["peak"], tally["total"])
+
+    def make_room(nbytes: int, protected: set[str], t: int) -> None:
+        while tally["total"] + nbytes > capacity:
+            victims = [r for r in resident if r not in protected]
+            if not victims:
+                return
+
+            def rank(r: str) -> tuple[float, int]:
+                n = next_use(r, t)
+                return (math.inf if n is None else n, resident[r])
+
+            v = max(victims, key=rank)
+            nu = next_use(v, t)
+            tally["total"] -= resident.pop(v)
+            evicted_at.setdefault(v, t)
+            if nu is None:
+                # only held in case an undecided choose keeps its branch (chance p): dropping costs
+                # p x recomputing it; spilling costs a write now and p x a read back
+                p = sched.keep_chance.get(v, 1.0)
+                if action.get(v) == SPILL or p * chain_cost(v, set()) > (1 + p) * size[v] / disk_bandwidth:
+                    action[v] = SPILL
+                    on_disk.add(v)
+                    tally["spill"] += size[v]
+                else:
+                    action.setdefault(v, RECOMPUTE)
+                continue
+            spill_cost = 2 * size[v] / disk_bandwidth
+            if action.get(v) != SPILL and chain_cost(v, set()) < spill_cost:
+                action[v] = RECOMPUTE
+            else:
+                action[v] = SPILL
+                on_disk.add(v)
+                tally["spill"] += size[v]
+
+    for t, k in enumerate(order):
+        inputs = list(deps(k))
+        need_here = size[k] + sum(size[d] for d in inputs)
+        if need_here > worker_data and not strict:
+            too_big.append(k)
+        elif need_here > worker_data:
+            parts = ", ".join(f"{step_of(d)} {format_bytes(size[d])}" for d in inputs)
+            raise PipelineError(
+                f"step {step_of(k)!r} cannot fit in one worker's share of the memory budget: its output "
+                f"(~{format_bytes(size[k])}, {est.source(k)})"
+                + (f" and inputs ({parts})" if inputs else "")
+                + f" need {format_bytes(need_here)}, but each of the {workers} worker(s) has "
+                f"{format_bytes(worker_data)} for results ({format_bytes(per_worker)} per worker, less "
+                f"an idle worker's {format_bytes(baseline)}). Raise memory_budget, use fewer workers, "
+                "or split the step so it produces smaller pieces."
+            )
+        for d in inputs:
+            if d not in resident:
+                make_room(size[d], set(inputs), t)
+                bring(d, t)
+        make_room(size[k], set(inputs), t)
+        resident[k] = size[k]
+        tally["total"] += size[k]
+        tally["peak"] = max(tally["peak"], tally["total"])
+        for r in list(resident):  # release what nothing reads or holds any more
+            if not alive(r, t):
+                tally["total"] -= resident.pop(r)
+        for r in [r for r in on_disk if not alive(r, t)]:
+            on_disk.discard(r)
+
+    decisions = {
+        k: Decision(k, size[k], est.source(k), action.get(k, KEEP), tuple(uses[k]), evicted_at.get(k))
+        for k in order
+        if k in compiled.graph and (uses[k] or k in hold)
+    }
+    return MemoryPlan(
+        budget=budget,
+        workers=workers,
+        baseline=baseline,
+        worker_data_budget=worker_data,
+        order=tuple(order),
+        decisions=decisions,
+        predicted_data_peak=tally["peak"],
+        spill_bytes=tally["spill"],
+        read_bytes=tally["read"],
+        recomputed=tally["recomputed"],
+        estimated_keys=sources,
+        too_big=too_big,
+    )

@@ -1,0 +1,202 @@
+"""Plan-driven spilling on Dask workers: evict the result needed furthest in the future.
+
+A worker keeps results in ``distributed.spill.SpillBuffer`` (a ``zict.Buffer``
+whose fast side is a ``zict.LRU``).  When it must make room it evicts the least
+recently used key, which in an exploration is often the shared intermediate the
+*next* branch needs.  :class:`PlannedLRU` is that same LRU with one change: when
+a memory plan is installed it evicts the key whose next planned use is furthest
+away (keys with no further use first).  Everything else — the thresholds, the
+disk format, the metrics, pausing — is Dask's own.
+
+:class:`PlannedSpillBuffer` is a ``SpillBuffer`` with that eviction, for a
+worker's ``data=`` argument (how Quiver starts its embedded cluster).
+:class:`MemoryPlanPlugin` installs a run's plan on every worker for the run's
+duration; on workers started with a plain ``SpillBuffer`` it switches their LRU
+to the planned one in place (and back afterwards).
+
+>>> lru = PlannedLRU(100, {})
+>>> for k in "abc":
+...     lru[k] = 1
+>>> lru.plan = NextUses({"a": (5,), "b": (9,), "c": (7,)})
+>>> lru.evict()[0]          # b is needed last
+'b'
+>>> lru.plan.advance(8)     # at position 8, a is dead and c's use has passed
+>>> lru.evict()[0]
+'a'
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import zict
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.spill import SpillBuffer
+
+__all__ = [
+    "NextUses",
+    "PlannedLRU",
+    "PlannedSpillBuffer",
+    "MemoryPlanPlugin",
+    "spill_metrics",
+    "update_plan_on_worker",
+]
+
+logger = logging.getLogger("quiver.spill")
+
+
+class NextUses:
+    """Planned read positions per key, and the worker's progress through the plan."""
+
+    def __init__(self, uses: Mapping[str, tuple[int, ...]], positions: Mapping[str, int] | None = None):
+        self.uses = {k: tuple(sorted(v)) for k, v in uses.items()}
+        self.positions = dict(positions or {})
+        self.now = -1
+
+    def advance(self, position: int) -> None:
+        self.now = max(self.now, position)
+
+    def started(self, key: str) -> None:
+        p = self.positions.get(key)
+        if p is not None:
+            self.advance(p)
+
+    def rank(self, key: Any) -> float:
+        """Larger = evict sooner: unknown keys and keys with no further use rank highest."""
+        u = self.uses.get(key)
+        if u is None:
+            return math.inf
+        i = bisect.bisect_right(u, self.now)
+        return u[i] if i < len(u) else math.inf
+
+
+class PlannedLRU(zict.LRU):
+    """``zict.LRU`` that, with a plan installed, evicts the key needed furthest in the future."""
+
+    plan: NextUses | None = None
+
+    @zict.common.locked
+    def evict(self, key: Any = zict.common.nodefault):  # type: ignore[override]
+        plan = self.plan
+        if key is zict.common.nodefault and plan is not None and not self.heavy:
+            candidates = [k for k in self.order if k not in self._cancel_evict]
+            if candidates:
+                key = max(candidates, key=lambda k: (plan.rank(k), self.weights.get(k, 0)))
+        # the undecorated LRU.evict: one lock level, which zict releases while writing to disk
+        return zict.LRU.evict.__wrapped__(self, key)
+
+
+def _plan_fast(buffer: SpillBuffer) -> PlannedLRU:
+    fast = buffer.fast
+    if not isinstance(fast, PlannedLRU):
+        fast.__class__ = PlannedLRU  # same object, same state; only ``evict`` differs
+    return fast  # type: ignore[return-value]
+
+
+class PlannedSpillBuffer(SpillBuffer):
+    """A worker's ``SpillBuffer`` whose evictions follow the installed memory plan.
+
+    Use as ``Worker(data=(PlannedSpillBuffer, {"target": nbytes}))``.
+    """
+
+    def __init__(self, worker_local_directory: str, target: int, max_spill: int | bool = False):
+        import os
+
+        super().__init__(os.path.join(worker_local_directory, "storage"), target=target, max_spill=max_spill)
+        _plan_fast(self)
+
+
+class MemoryPlanPlugin(WorkerPlugin):
+    """Install a run's plan (next uses, and optionally a spill target) on each worker.
+
+    Runs may overlap on one cluster: each worker keeps the installed plans by name
+    and its original state, uses the newest plan, and gets its original eviction
+    and spill target back when the last run ends.
+    """
+
+    def __init__(self, name: str, uses: Mapping[str, tuple[int, ...]], positions: Mapping[str, int], target: int | None):
+        self.name = name
+        self.uses = dict(uses)
+        self.positions = dict(positions)
+        self.target = target
+        self._next: NextUses | None = None
+
+    @staticmethod
+    def _state(worker: Any) -> dict:
+        state = getattr(worker, "_quiver_memory_plans", None)
+        if state is None:
+            state = {"original": None, "plans": {}}
+            worker._quiver_memory_plans = state
+        return state
+
+    @staticmethod
+    def _install(worker: Any) -> None:
+        state = MemoryPlanPlugin._state(worker)
+        fast = _plan_fast(worker.data)
+        if state["plans"]:
+            plan, target = list(state["plans"].values())[-1]
+            fast.plan = plan
+            if target is not None:
+                fast.n = target  # Dask spills down to it as new results arrive (no blocking evict here)
+        elif state["original"] is not None:
+            fast.plan, fast.n = state["original"]
+            state["original"] = None
+
+    def setup(self, worker: Any) -> None:
+        data = worker.data
+        if not isinstance(data, SpillBuffer):
+            logger.warning("worker %s does not spill (data is %s); the memory plan only orders work", worker.address, type(data).__name__)
+            return
+        state = self._state(worker)
+        fast = _plan_fast(data)
+        if state["original"] is None and not state["plans"]:
+            state["original"] = (fast.plan, fast.n)
+        self._next = NextUses(self.uses, self.positions)
+        state["plans"][self.name] = (self._next, self.target)
+        self._install(worker)
+
+    def update(self, worker: Any, uses: Mapping[str, tuple[int, ...]], positions: Mapping[str, int]) -> None:
+        """A re-plan (after a choose decided): new planned uses; the clock is kept."""
+        if self._next is not None:
+            self._next.uses = {k: tuple(sorted(v)) for k, v in uses.items()}
+            self._next.positions = dict(positions)
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if self._next is not None and finish == "executing":
+            self._next.started(key)
+
+    def teardown(self, worker: Any) -> None:
+        if not isinstance(worker.data, SpillBuffer):
+            return
+        self._state(worker)["plans"].pop(self.name, None)
+        self._install(worker)
+        self._next = None
+
+
+def update_plan_on_worker(dask_worker: Any, name: str, uses: Mapping, positions: Mapping) -> bool:
+    """``client.run(update_plan_on_worker, name=..., uses=..., positions=...)``."""
+    plugin = dask_worker.plugins.get(name)
+    if plugin is None:
+        return False
+    plugin.update(dask_worker, uses, positions)
+    return True
+
+
+def spill_metrics(dask_worker: Any) -> dict[str, float]:
+    """A worker's cumulative spill counters (``client.run(spill_metrics)``): bytes and
+    counts written to and read from disk."""
+    data = dask_worker.data
+    m = getattr(data, "cumulative_metrics", None)
+    if m is None:
+        return {}
+    return {
+        "write_bytes": m.get(("disk-write", "bytes"), 0.0),
+        "write_count": m.get(("disk-write", "count"), 0.0),
+        "read_bytes": m.get(("disk-read", "bytes"), 0.0),
+        "read_count": m.get(("disk-read", "count"), 0.0),
+        "spilled_now": float(getattr(data, "spilled_total", None).disk) if hasattr(data, "spilled_total") else 0.0,
+    }

@@ -1,0 +1,114 @@
+"""Runs inside a memory budget on real LocalClusters, with real spilling to disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graph import PipelineError, RunError
+from pipelines import Pipeline
+from tests.big_steps import clean, exploration, features, fit, make_data
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+ROWS = 375_000  # x 8 columns x 8 bytes = 24 MB per intermediate
+ALPHAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+
+
+def local_scores(rows):
+    x = make_data(rows=rows, cols=8, seed=0)
+    out = {}
+    for m in ("clip", "center", "scale", "rank"):
+        c = clean(x, m)
+        for kind in ("square", "abs", "tanh", "identity"):
+            f = features(c, kind)
+            for a in ALPHAS:
+                out[(m, kind, a)] = fit(f, a)["score"]
+    return out
+
+
+def test_exploration_five_times_the_budget_spills_and_stays_under_the_limits():
+    budget = 640 * MiB  # two workers of 320 MiB
+    node = exploration(rows=ROWS, alphas=ALPHAS, k=1)
+    r = node.run(workers=2, memory_budget=budget, quiet=True, progress=False)
+    s = r.stats
+    # the exploration really is over budget: its intermediates total at least 5x the workers' limits
+    assert s["measured_result_bytes"] >= 5 * budget
+    # ... and it ran on Dask's spilling: bytes written to the workers' spill directories
+    assert s["spilled_bytes"] > 0 and s["read_back_bytes"] > 0
+    # no worker came near being killed by its nanny (terminate at 95% of its limit)
+    assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2
+    assert s["failed_branches"] == 0
+    assert r.table["status"].isin(["ok", "pruned"]).all() and (r.table["status"] == "ok").sum() == 1
+    assert r.memory_plan is not None and r.memory_plan.budget == budget
+    assert s["predicted_peak_bytes"] <= budget
+    # correct results: every branch's score equals a local computation; the chosen one is the best
+    expected = local_scores(ROWS)
+    got = {
+        (row["clean.method"], row["features.kind"], row["model.alpha"]): row["score"]
+        for _, row in r.table.iterrows()
+    }
+    assert got.keys() == expected.keys()
+    for key, val in expected.items():
+        assert got[key] == pytest.approx(val, rel=1e-9, abs=1e-12)
+    best = max(expected, key=expected.get)
+    chosen = r.chosen.iloc[0]
+    assert (chosen["clean.method"], chosen["features.kind"], chosen["model.alpha"]) == best
+    assert r.value["score"] == pytest.approx(expected[best])
+    assert r.value["rows"] == ROWS
+
+
+def big(n_bytes: int, marker: str = "") -> np.ndarray:
+    if marker:
+        Path(marker).write_text("ran")
+    return np.ones(n_bytes // 8)
+
+
+def head(x):
+    return float(x[0])
+
+
+def test_a_result_larger_than_a_workers_share_stops_the_run_with_a_clear_error():
+    budget = 500 * MiB  # one worker: about 250 MiB for results beside an idle worker
+    node = Pipeline("oversized").source(big, n_bytes=300 * MiB).then(head)
+    with pytest.raises(RunError) as e:
+        node.run(workers=1, memory_budget=budget, quiet=True, progress=False)
+    msg = str(e.value)
+    assert "'big'" in msg and "300.00 MiB" in msg and "memory_budget" in msg
+
+
+def test_a_hinted_step_bigger_than_the_budget_fails_before_anything_runs(tmp_path):
+    marker = tmp_path / "ran"
+    node = Pipeline("hinted").source(big, n_bytes=1000, marker=str(marker)).size_hint("2 GiB").then(head)
+    with pytest.raises(PipelineError, match="'big'.*2.00 GiB"):
+        node.run(workers=2, memory_budget="1 GiB", quiet=True, progress=False)
+    assert not marker.exists()
+
+
+def test_bad_budget_and_order_are_refused_before_a_cluster_starts():
+    node = Pipeline("p").source(big, n_bytes=80).then(head)
+    with pytest.raises(PipelineError, match="memory budget"):
+        node.run(memory_budget="plenty", quiet=True)
+    with pytest.raises(PipelineError, match="order"):
+        node.run(order="breadth-first", quiet=True)
+
+
+def test_cli_memory_budget_prints_plan_versus_measured(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", str(ROOT / "examples" / "digits_explore.py"),
+         "--workers", "1", "--memory-budget", "1.5GiB", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "memory: budget 1.50 GiB, predicted peak" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "x.py", "--sample-sizes"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
+    )
+    assert bad.returncode == 2 and "--memory-budget" in bad.stderr

@@ -20,8 +20,8 @@ to the planned one in place (and back afterwards).
 >>> lru.plan = NextUses({"a": (5,), "b": (9,), "c": (7,)})
 >>> lru.evict()[0]          # b is needed last
 'b'
->>> lru.plan.advance(8)     # at position 8, a is dead and c's use has passed
->>> lru.evict()[0]
+>>> lru.plan.advance(8)     # at position 8, a and c have been read for the last time
+>>> lru.evict()[0]          # (the run releases them in a moment: evicted last)
 'a'
 """
 
@@ -66,12 +66,15 @@ class NextUses:
             self.advance(p)
 
     def rank(self, key: Any) -> float:
-        """Larger = evict sooner: unknown keys and keys with no further use rank highest."""
+        """Larger = evict sooner.  Keys the plan does not know, and results only held in case a
+        choose keeps their branch (no planned read), go first; then by next planned read,
+        furthest first.  A result read for the last time goes last: the run is about to
+        release it, so writing it to disk would be wasted work."""
         u = self.uses.get(key)
-        if u is None:
+        if u is None or not u:
             return math.inf
         i = bisect.bisect_right(u, self.now)
-        return u[i] if i < len(u) else math.inf
+        return u[i] if i < len(u) else -1.0
 
 
 class PlannedLRU(zict.LRU):

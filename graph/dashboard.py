@@ -90,7 +90,7 @@ class QuiverDashboard(SchedulerPlugin):
         self.max_runs = max_runs
         self.runs: OrderedDict[str, dict] = OrderedDict()
         self.training: OrderedDict[str, dict] = OrderedDict()
-        self.key_index: dict[str, list[tuple[str, int]]] = {}
+        self.key_index: dict[str, dict[str, list[int]]] = {}  # task key -> run -> branch ids
         self.version = 0
         self.scheduler = None
 
@@ -139,7 +139,10 @@ class QuiverDashboard(SchedulerPlugin):
                     }
                 )
                 for key in b.get("lineage", ()):
-                    self.key_index.setdefault(key, []).append((run_id, b["id"]))
+                    self.key_index.setdefault(key, {}).setdefault(run_id, []).append(b["id"])
+                    # a rerun of the same pipeline reuses the training step's key: its curves
+                    # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
+                    self.training.pop(key, None)
             self.runs[run_id] = {
                 "run": run_id,
                 "name": msg.get("name", "pipeline"),
@@ -158,13 +161,12 @@ class QuiverDashboard(SchedulerPlugin):
             }
             while len(self.runs) > self.max_runs:
                 old_id, old = self.runs.popitem(last=False)
-                for b in old["branches"]:
-                    for key in b["lineage"]:
-                        refs = [r for r in self.key_index.get(key, []) if r[0] != old_id]
-                        if refs:
-                            self.key_index[key] = refs
-                        else:
-                            self.key_index.pop(key, None)
+                for key in {k for b in old["branches"] for k in b["lineage"]}:
+                    runs = self.key_index.get(key)
+                    if runs is not None:
+                        runs.pop(old_id, None)
+                        if not runs:
+                            del self.key_index[key]
         elif kind in ("update", "end"):
             run = self.runs.get(run_id)
             if run is None:
@@ -183,6 +185,10 @@ class QuiverDashboard(SchedulerPlugin):
             if "tasks_done" in msg:
                 run["tasks_done"] = msg["tasks_done"]
             if kind == "end":
+                if msg.get("error"):  # stopped early: what had not finished never will
+                    for b in run["branches"]:
+                        if b["status"] in ("waiting", "running"):
+                            b["status"] = "cancelled"
                 run["state"] = "failed" if msg.get("error") else "finished"
                 run["finished"] = msg.get("time", time.time())
                 run["stats"] = msg.get("stats") or {}
@@ -249,8 +255,8 @@ class QuiverDashboard(SchedulerPlugin):
         return "waiting"
 
     def branches_of(self, task: str) -> list[tuple[str, int]]:
-        """``(run, branch id)`` of every branch whose path contains the task ``task``."""
-        return list(self.key_index.get(task, ()))
+        """``(run, branch id)`` of every branch whose path contains the task ``task``, oldest run first."""
+        return [(run, i) for run, ids in self.key_index.get(task, {}).items() for i in ids]
 
     def run_view(self, run: dict) -> dict:
         branches = []
@@ -304,6 +310,9 @@ class QuiverDashboard(SchedulerPlugin):
 
     def training_view(self, rec: dict) -> dict:
         refs = self.branches_of(rec["task"])
+        if refs:  # the newest run that has this training step
+            newest = refs[-1][0]
+            refs = [r for r in refs if r[0] == newest]
         labels = []
         for run_id, i in refs:
             run = self.runs.get(run_id)

@@ -221,8 +221,10 @@ class ExplorationPage:
             for m in b["metrics"]:
                 if m not in metrics:
                     metrics.append(m)
+        # field names are prefixed so a metric or explore called "error" or "status" cannot
+        # collide with the fixed columns; titles are escaped (BokehJS renders them as HTML)
         data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
-        for col in explores + params + metrics:
+        for col in [f"e:{e}" for e in explores] + [f"p:{p}" for p in params] + [f"m:{m}" for m in metrics]:
             data[col] = []
         for b in run["branches"]:
             data["branch"].append(b["id"])
@@ -230,17 +232,20 @@ class ExplorationPage:
             data["chosen"].append("chosen" if b["status"] == "chosen" else "")
             data["error"].append(b["error"] or "")
             for e in explores:
-                data[e].append(b["labels"].get(e, ""))
+                data[f"e:{e}"].append(b["labels"].get(e, ""))
             for p in params:
                 v = b["params"].get(p)
-                data[p].append(v if isinstance(v, (int, float)) and not isinstance(v, bool) else _fmt(v))
+                data[f"p:{p}"].append(v if isinstance(v, (int, float)) and not isinstance(v, bool) else _fmt(v))
             for m in metrics:
                 v = b["metrics"].get(m)
-                data[m].append(float(v) if isinstance(v, (int, float)) else math.nan)
+                data[f"m:{m}"].append(float(v) if isinstance(v, (int, float)) else math.nan)
+        esc = html.escape
         columns = [TableColumn(field="branch", title="branch", width=60)]
-        columns += [TableColumn(field=e, title=e) for e in explores]
-        columns += [TableColumn(field=p, title=p) for p in params]
-        columns += [TableColumn(field=m, title=m, formatter=NumberFormatter(format="0.0000")) for m in metrics]
+        columns += [TableColumn(field=f"e:{e}", title=esc(e)) for e in explores]
+        columns += [TableColumn(field=f"p:{p}", title=esc(p)) for p in params]
+        columns += [
+            TableColumn(field=f"m:{m}", title=esc(m), formatter=NumberFormatter(format="0.0000")) for m in metrics
+        ]
         columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
         if [c.field for c in self.table.columns] != [c.field for c in columns]:
             self.table.columns = columns

@@ -96,4 +96,5 @@ def build_table(
 
     kept_rows = sorted((i for i, r in enumerate(rows) if r.chosen and r.has_value), key=order)
     kept = [values[rows[i].branch.key] for i in kept_rows]
+    table.attrs["kept_branches"] = list(kept_rows)  # the rows of ``kept``, in its order (best first)
     return table, kept

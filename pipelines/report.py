@@ -132,7 +132,9 @@ def _metrics_figure(result, metric: str):
 
 def _histories(result) -> list[tuple[str, list]]:
     out = []
-    chosen = list(result.table.index[result.table["chosen"]]) if "chosen" in result.table else []
+    chosen = list(result.table.attrs.get("kept_branches", ()))  # the rows of result.values, best first
+    if not chosen and "chosen" in result.table:
+        chosen = list(result.table.index[result.table["chosen"]])
     for n, value in enumerate(result.values or []):
         if isinstance(value, Mapping) and isinstance(value.get("history"), list) and value["history"]:
             label = f"branch #{chosen[n]}" if n < len(chosen) else f"kept #{n}"

@@ -253,3 +253,40 @@ def test_terminal_training_line_only_when_progress_is_shown():
     assert "train epoch 2/4 acc 0.910 5,210 samples/s" in out.getvalue()
     watch.close()
     assert fake.topics == []
+
+
+def test_table_escapes_names_and_keeps_fixed_columns_apart():
+    from graph.dashboard_pages import ExplorationPage
+
+    page = ExplorationPage(scheduler=None)
+    evil = "<img src=x onerror=alert(1)>"
+    run = {
+        "explores": [evil],
+        "branches": [
+            {"id": i, "labels": {evil: "a"}, "params": {f"{evil}.p": i}, "metrics": {"error": 0.1 * i},
+             "status": "chosen" if i else "done", "error": None}
+            for i in range(3)
+        ],
+    }
+    page._table(run)
+    titles = [c.title for c in page.table.columns]
+    assert all("<img" not in t for t in titles) and any("&lt;img" in t for t in titles)
+    data = page.table_source.data
+    assert len({len(v) for v in data.values()}) == 1  # a metric called "error" does not clash
+    assert data["m:error"] == [0.0, 0.1, 0.2] and data["error"] == ["", "", ""]
+
+
+def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run():
+    from graph.dashboard import QuiverDashboard
+    from graph.events import EXPLORATION_TOPIC, TRAINING_TOPIC
+
+    plugin = QuiverDashboard(max_runs=3)
+    branches = [{"id": i, "key": f"k{i}", "choices": [], "lineage": ["load", f"train-{i}"]} for i in range(50)]
+    for n in range(6):  # the same keys every time (deterministic keys), more runs than kept
+        plugin.log_event(EXPLORATION_TOPIC, {"kind": "start", "run": f"r{n}", "branches": branches})
+        plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "train-0", "epoch": 1, "accuracy": n / 10})
+    assert list(plugin.runs) == ["r3", "r4", "r5"]
+    assert {r for r, _ in plugin.branches_of("load")} == {"r3", "r4", "r5"}
+    view = plugin.training_view(plugin.training["train-0"])
+    assert view["run"] == "r5" and view["branches"] == [0]
+    assert [e["accuracy"] for e in view["epochs"]] == [0.5]  # the rerun's curve only

@@ -166,7 +166,7 @@ class BudgetedRun:
         # pass, a measured one is the guard's to report (it stops the run with a RunError)
         self.plan = self._plan(ex, strict=not self.sample)
         self.too_big.update(self.plan.too_big)
-        ex.droppable = self.plan.droppable
+        ex.droppable = self._droppable(ex, self.plan)
         if not self.sample:
             ex.on_first_result = self.replan
         ex.on_decision = self.replan
@@ -175,6 +175,16 @@ class BudgetedRun:
             self.plugin_name, self.plan.next_uses(), self.plan.positions(), self.plan.worker_data_budget
         )
         client.register_plugin(plugin)
+
+    @staticmethod
+    def _droppable(ex: Any, plan: MemoryPlan) -> frozenset:
+        """What the plan drops, less the results of steps that must not run twice (they are
+        spilled instead: recomputing them would be a second run)."""
+        from .store import is_rerun_safe
+
+        return frozenset(
+            k for k in plan.droppable if k not in ex.c.graph or is_rerun_safe(getattr(ex.c.graph[k], "func", None))
+        )
 
     def _plan(self, ex: Any, strict: bool) -> MemoryPlan:
         """A plan from the sizes and seconds measured so far and the chooses' decisions."""
@@ -205,7 +215,7 @@ class BudgetedRun:
         self.plan = plan
         self.replans += 1
         self.too_big.update(plan.too_big)
-        ex.droppable = plan.droppable
+        ex.droppable = self._droppable(ex, plan)
         if self.plugin_name is not None:
             try:
                 self.client.run(

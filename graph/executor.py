@@ -84,6 +84,10 @@ class _Execution:
         self.first_result: float | None = None
         self.abort: str | None = None
         self.droppable: frozenset[str] = frozenset()  # released early, recomputed on demand (memory plan)
+        self.released: set[str] = set()  # finished results the run let go of
+        self.current: dict[str, str] = {}  # key -> the name it is computed under now (a recompute copy)
+        self.alias: dict[str, str] = {}  # recompute copy -> the key it copies
+        self.recomputes = 0
         self.on_first_result: Any = None  # called once, when the first branch result is in
         self.on_decision: Any = None  # called after chooses decided (at most once per event batch)
         self._decisions_seen = 0
@@ -132,27 +136,55 @@ class _Execution:
 
     def _tip_keys(self, tip: _Tip, dsk: dict[str, Any], priority: dict[str, int]) -> None:
         """Add what ``tip`` needs that the run does not hold: walking back from its target,
-        every task whose result is neither held nor already in ``dsk``.  A result released
-        early (a memory plan's ``recompute`` decision) is thereby recomputed on demand,
-        under its own deterministic key."""
+        every task whose result is neither held nor already in ``dsk``.
+
+        A result the run released after it was computed (a memory plan's ``recompute``
+        decision) is recomputed under a distinct key (``<key>~againN``, the task copied with
+        ``Task.substitute``, its consumers pointed at the copy): resubmitting the released
+        key itself could race with Dask still forgetting it, which cancels the new future."""
         p = self._priority(tip)
-        mk = self._metric_key(tip)
-        stack = [mk or tip.branch.key]
+        target = self._metric_key(tip) or tip.branch.key
+        need: list[str] = []
+        seen: set[str] = set()
+        stack = [target]
         while stack:
             k = stack.pop()
-            if k in dsk:
-                if p > priority[k]:  # a more urgent tip needs it: so do its inputs
-                    priority[k] = p
-                    stack.extend(dsk[k].dependencies)
+            if k in seen:
                 continue
-            if k in self.futures:
+            seen.add(k)
+            name = self.current.get(k, k)
+            if name in dsk:
+                if p > priority[name]:  # a more urgent tip needs it: so do its inputs
+                    priority[name] = p
+                    stack.extend(self._task(k).dependencies)
                 continue
-            task = self.c.graph[k] if k in self.c.graph else self.c.metric_graph[k]
-            dsk[k] = task
-            priority[k] = p
-            if k in self.finished:  # released after it ran: this is a recomputation
+            if name in self.futures:
+                continue
+            need.append(k)
+            stack.extend(self._task(k).dependencies)
+        for k in need:
+            if k in self.released and k != target:
+                self.recomputes += 1
+                clone = f"{k}~again{self.recomputes}"
+                self.current[k] = clone
+                self.alias[clone] = k
                 self.finished.discard(k)
-            stack.extend(task.dependencies)
+        for k in need:
+            task = self._task(k)
+            subs = {d: self.current[d] for d in task.dependencies if d in self.current}
+            name = self.current.get(k, k)
+            dsk[name] = task.substitute(subs, key=name) if (subs or name != k) else task
+            priority[name] = p
+
+    def _ends_at_choose(self, b: Any) -> bool:
+        """True when the branch has no step after its last choose (its value is the choose's input)."""
+        if not b.gates:
+            return False
+        ci, i = b.gates[-1]
+        return self.c.chooses[ci].inputs[i].key == b.key
+
+    def _task(self, key: str) -> Any:
+        return self.c.graph[key] if key in self.c.graph else self.c.metric_graph[key]
 
     def _submit(self, dsk: dict[str, Any], priority: dict[str, int]) -> None:
         if not dsk:
@@ -264,27 +296,30 @@ class _Execution:
         fut = self.futures.get(key)
         if fut is None:
             return
+        orig = self.alias.get(key, key)  # a recompute copy stands for the key it copies
+        if self.current.get(orig, orig) != key:
+            return  # an older copy's late event
         if fut.status == "finished":
-            self.finished.add(key)
-            if key in self.c.metric_graph and key not in self.metric_values:
-                self.metric_values[key] = fut.result()
+            self.finished.add(orig)
+            if orig in self.c.metric_graph and orig not in self.metric_values:
+                self.metric_values[orig] = fut.result()
         elif fut.status == "error":
-            self.errored.add(key)
+            self.errored.add(orig)
             exc = fut.exception()
             text = "".join(tb_module.format_exception(type(exc), exc, fut.traceback()))
-            self.errors[key] = (f"{type(exc).__name__}: {exc}", text)
+            self.errors[orig] = (f"{type(exc).__name__}: {exc}", text)
         elif fut.status == "cancelled":
             # we pop a future before cancelling it, so this one was cancelled by Dask itself
             # (e.g. the scheduler restarted or forgot the key): fail its branches, never wait forever
-            self.errored.add(key)
+            self.errored.add(orig)
             msg = f"Dask cancelled task {key!r} (scheduler restarted, or the key was released elsewhere)"
-            self.errors[key] = (f"CancelledError: {msg}", msg)
+            self.errors[orig] = (f"CancelledError: {msg}", msg)
         else:
             return
         self.candidates.add(key)
-        task = self.c.graph.get(key) or self.c.metric_graph[key]
-        self.candidates.update(task.dependencies)
-        for tip in self.key_tips.get(key, ()):
+        task = self._task(orig)
+        self.candidates.update(self.current.get(d, d) for d in task.dependencies)
+        for tip in self.key_tips.get(orig, ()):
             self._check(tip)
 
     # ---- choose decisions -------------------------------------------------------------
@@ -343,7 +378,7 @@ class _Execution:
                     return True
                 if tip.kind == "choose" and (tip.choose, tip.index) not in self.gate and key not in self.droppable:
                     return True
-            if key in self.droppable and tip.state == WAITING and key in self.finished:
+            if key in self.droppable and tip.state == WAITING and key in self.finished and not self._open(tip):
                 continue  # the plan drops it now and recomputes it if this branch goes ahead
             if tip.resolved:
                 continue
@@ -361,10 +396,13 @@ class _Execution:
         """Drop futures no live branch needs; cancel those not yet finished."""
         to_cancel = []
         for key in self.candidates:
-            if key in self.futures and not self._needed(key):
+            orig = self.alias.get(key, key)
+            if key in self.futures and not self._needed(orig):
                 fut = self.futures.pop(key)
-                if key not in self.finished and key not in self.errored:
+                if orig not in self.finished and orig not in self.errored:
                     to_cancel.append(fut)
+                elif orig in self.finished:
+                    self.released.add(orig)  # needed again later: recomputed under a new key
         self.candidates.clear()
         if to_cancel:
             self.client.cancel(to_cancel)
@@ -448,6 +486,8 @@ class _Execution:
                 status = "failed"
             elif "cancel" in states:
                 status = "cancelled"
+            elif "drop" in states and not self._ends_at_choose(b):
+                status = "pruned"  # dropped before its remaining steps (even if a store holds them)
             elif tip.state == DONE or all(k in self.finished or k in stored for k in b.lineage):
                 status = "ok"
             else:

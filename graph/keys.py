@@ -1,8 +1,10 @@
 """Deterministic task keys: ``dask.tokenize`` over (function identity, parameters, input keys).
 
 A function's identity is its module, qualified name *and* a digest of its code
-(bytecode, constants, names, defaults and closure values), so editing a step's body
-changes its key while two processes that load the same code agree on it.
+(bytecode, constants, names, defaults and closure values, and the helper functions,
+classes and plain constants of its own module that it reads), so editing a step's body
+or a helper it calls changes its key while two processes that load the same code agree
+on it.
 
 >>> def double(x, factor=2):
 ...     return x * factor
@@ -29,6 +31,15 @@ from .spec import fn_name
 __all__ = ["function_identity", "step_key", "metric_key", "check_tokenizable", "TokenizationError"]
 
 
+def _const_repr(const: Any) -> str:
+    """A process-independent text for a code constant (frozensets are unordered: sort them)."""
+    if isinstance(const, frozenset):
+        return "frozenset(" + ",".join(sorted(_const_repr(c) for c in const)) + ")"
+    if isinstance(const, tuple):
+        return "(" + ",".join(_const_repr(c) for c in const) + ")"
+    return repr((type(const).__name__, const))
+
+
 def _code_digest(code: types.CodeType) -> str:
     h = hashlib.sha256()
     h.update(code.co_code)
@@ -38,8 +49,50 @@ def _code_digest(code: types.CodeType) -> str:
         if isinstance(const, types.CodeType):
             h.update(_code_digest(const).encode())
         else:
-            h.update(repr((type(const).__name__, const)).encode())
+            h.update(_const_repr(const).encode())
     return h.hexdigest()
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _globals_identity(fn: types.FunctionType, seen: set) -> tuple:
+    """What ``fn`` reads from its module that its own code does not show: helper functions
+    and classes of the same module (their code, recursively) and plain constants.  Editing a
+    helper or a module-level constant therefore changes the step's key too.  Modules and
+    objects from other modules are identified by name (a library's code is its version)."""
+    out = []
+    g = fn.__globals__
+    for name in sorted(_names(fn.__code__)):
+        if name not in g:
+            continue
+        v = g[name]
+        if isinstance(v, _PLAIN) or (isinstance(v, (tuple, frozenset)) and all(isinstance(x, _PLAIN) for x in v)):
+            out.append((name, _const_repr(v)))
+        elif isinstance(v, types.FunctionType) and v.__module__ == fn.__module__:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append((name, _function_core(v, seen)))
+        elif isinstance(v, type) and v.__module__ == fn.__module__ and id(v) not in seen:
+            seen.add(id(v))
+            methods = sorted(
+                (k, _function_core(m, seen)) for k, m in vars(v).items() if isinstance(m, types.FunctionType)
+            )
+            out.append((name, tuple(methods)))
+    return tuple(out)
+
+
+def _function_core(fn: types.FunctionType, seen: set) -> tuple:
+    seen.add(id(fn))
+    return (fn.__module__, fn.__qualname__, _code_digest(fn.__code__), _globals_identity(fn, seen))
 
 
 def function_identity(fn: Callable) -> Any:
@@ -59,10 +112,14 @@ def function_identity(fn: Callable) -> Any:
             fn.__module__,
             fn.__qualname__,
             _code_digest(fn.__code__),
+            _det(_globals_identity(fn, {id(fn)})),
             _det(fn.__defaults__),
             _det(fn.__kwdefaults__),
             _det(tuple(function_identity(c) if callable(c) else c for c in closure)),
         )
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType):  # a callable object: its state and its class's code
+        return ("callable", _det(fn), function_identity(call))
     return ("callable", _det(fn))
 
 

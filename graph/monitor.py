@@ -76,7 +76,11 @@ class RunMonitor(SchedulerPlugin):
                 self.timeline = self.timeline[::2]
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
-        if start != "processing" or finish not in ("memory", "erred") or key not in self.keys:
+        if start != "processing" or finish not in ("memory", "erred"):
+            return
+        if isinstance(key, str) and "~again" in key:  # the executor's recompute copy of a key
+            key = key.split("~again", 1)[0]
+        if key not in self.keys:
             return
         self.executed[key] += 1
         compute = 0.0

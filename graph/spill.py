@@ -70,6 +70,8 @@ class NextUses:
         choose keeps their branch (no planned read), go first; then by next planned read,
         furthest first.  A result read for the last time goes last: the run is about to
         release it, so writing it to disk would be wasted work."""
+        if isinstance(key, str) and "~again" in key:  # the executor's recompute copy of a key
+            key = key.split("~again", 1)[0]
         u = self.uses.get(key)
         if u is None or not u:
             return math.inf

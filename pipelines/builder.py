@@ -94,7 +94,9 @@ def _check_branch_limit(where: str, upstream: int, alternatives: int) -> None:
         raise PipelineError(
             f"{where}: this explore would make {total:,} branches ({upstream:,} flowing in x "
             f"{alternatives:,} alternatives), above the limit of {limit:,}: every branch is at least "
-            "one task, so nothing has been built. Narrow the grid, choose before exploring further, "
+            "one task, so nothing has been built (a choose upstream does not reduce this: the graph "
+            "holds the tasks of every branch it might keep). Narrow the grid, split the exploration "
+            "into two pipelines (explore, choose, then explore from the chosen value), "
             f"or raise the limit: QUIVER_BRANCH_LIMIT={total} in the environment (quiver run "
             f"--branch-limit {total})."
         )

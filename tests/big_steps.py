@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["make_data", "clean", "features", "fit", "evaluate", "refit", "exploration"]
+__all__ = ["make_data", "clean", "features", "fit", "evaluate", "refit", "exploration", "payload", "shift", "square_x"]
 
 
 def make_data(rows: int, cols: int, seed: int) -> np.ndarray:
@@ -83,3 +83,16 @@ def exploration(rows: int, cols: int = 8, seed: int = 0, cleans=("clip", "center
         .choose("score", mode="max", k=k, **choose)
         .then(refit)
     )
+
+
+def payload(megabytes: int) -> dict:
+    """A cheap, large value: ``{"x": 0.0, "a": <megabytes of float64>}``."""
+    return {"x": 0.0, "a": np.ones(megabytes * 125_000)}
+
+
+def shift(v: dict, n: float) -> dict:
+    return {"x": float(n), "a": v["a"] + n}
+
+
+def square_x(v: dict) -> dict:
+    return {"x": v["x"] ** 2}

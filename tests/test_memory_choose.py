@@ -48,8 +48,9 @@ def test_budgeted_run_matches_the_unbudgeted_run(budget_client, choose):
     planned = node.run(budget_client, memory_budget=BUDGET, progress=False)
     s = planned.stats
     if "threshold" not in choose:  # first-k depends on completion order, so only the kept count is fixed
-        pd.testing.assert_frame_equal(comparable(planned.table), comparable(plain.table))
-        assert [v["score"] for v in planned.values] == [v["score"] for v in plain.values]
+        # recomputed on another worker, a NumPy reduction may differ in the last bit (alignment)
+        pd.testing.assert_frame_equal(comparable(planned.table), comparable(plain.table), rtol=1e-12)
+        assert [v["score"] for v in planned.values] == pytest.approx([v["score"] for v in plain.values], rel=1e-12)
     else:
         assert len(planned.values) == len(plain.values) == 2
         assert all(v["score"] >= -0.95 for v in planned.values)
@@ -92,3 +93,15 @@ def test_overlapping_runs_restore_the_workers_original_spill_state(tmp_path):
     second.teardown(worker)
     assert buf.fast.n == 1000 and buf.fast.plan is None
     assert os.path.isdir(tmp_path / "storage")
+
+
+def test_the_branch_a_choose_keeps_survives_the_plan_dropping_its_input(budget_client):
+    from pipelines import grid
+    from tests.big_steps import payload, shift, square_x
+
+    # four cheap 30 MB choose inputs do not fit beside each other in a worker's share (under 100 MiB):
+    # the plan drops them; the one the choose keeps (the last) must still reach its next step
+    node = Pipeline("kept").source(payload, megabytes=30).explore("a", grid(shift, n=[1, 2, 3, 4])).choose("x")
+    r = node.then(square_x).run(budget_client, memory_budget=BUDGET, progress=False)
+    assert r.value == {"x": 16.0}
+    assert list(r.table["status"]) == ["pruned", "pruned", "pruned", "ok"]

@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.scheduler and args.workers:  # a bad combination of arguments: exit 2, before loading the file
         parser.error("--workers applies to the embedded cluster only; drop it when using --scheduler")
+    if args.scheduler and (args.memory_limit != "auto" or args.threads_per_worker != 1):
+        parser.error(
+            "--memory-limit and --threads-per-worker configure the embedded cluster only; an existing "
+            "cluster's workers keep their own (use --memory-budget to plan a run within a budget there)"
+        )
     if args.branch_limit is not None:  # read when the file builds its pipeline (graph.spec.branch_limit)
         import os
 

@@ -22,8 +22,11 @@ from graph.errors import PipelineError
 
 __all__ = ["check_run_options", "check_run", "ADDRESS"]
 
-#: ``[protocol://]host:port`` (``tcp://10.0.0.1:8786``, ``ucxx://node7:8786``, ``[::1]:8786``)
-ADDRESS = re.compile(r"^(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):\d{1,5}$")
+#: ``[protocol://]host:port`` (``tcp://10.0.0.1:8786``, ``ucxx://node7:8786``, ``[::1]:8786``,
+#: ``[fe80::1%eth0]:8786``), or an in-process address (``inproc://host/pid/n``)
+ADDRESS = re.compile(
+    r"^(?:inproc://\S+|(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+(?:%[\w.-]+)?\]|[^\s:/\[\]]+):\d{1,5})$"
+)
 
 
 def _whole(name: str, value: Any, optional: bool, hint: str = "") -> None:

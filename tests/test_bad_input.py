@@ -348,6 +348,8 @@ bad_argv = st.sampled_from(
         (["--memory-limit", "lots"], "not a size"),
         (["--scheduler", "localhost"], "not a scheduler address"),
         (["--scheduler", "tcp://127.0.0.1:8786", "--workers", "2"], "--workers applies to the embedded cluster only"),
+        (["--scheduler", "tcp://127.0.0.1:8786", "--memory-limit", "2GiB"], "configure the embedded cluster only"),
+        (["--scheduler", "tcp://127.0.0.1:8786", "--threads-per-worker", "2"], "configure the embedded cluster only"),
         (["--branch-limit", "many"], "not a whole number"),
         (["--json", "/no/such/dir/out.json"], "no directory"),
         (["--store", "__FILE__"], "exists and is not a directory"),
@@ -391,3 +393,12 @@ def test_cli_unreachable_scheduler_is_one_line(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("quiver: error: OSError: Timed out trying to connect to tcp://127.0.0.1:9"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "address", ["tcp://127.0.0.1:8786", "ucxx://node7:8786", "[::1]:8786", "[fe80::1%eth0]:8786", "inproc://10.0.0.1/77/3"]
+)
+def test_valid_scheduler_addresses_are_accepted(address):
+    from pipelines.preflight import ADDRESS
+
+    assert ADDRESS.match(address)

@@ -180,34 +180,37 @@ def explore_names(spec: Spec) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def max_branches(spec: Spec, _memo: dict | None = None) -> int:
+def _branches(spec: Spec, decided: bool, memo: dict) -> int:
+    """Branches at ``spec``: after every choose upstream has decided (``decided``), or before."""
+    if id(spec) in memo:
+        return memo[id(spec)]
+    if isinstance(spec, SourceSpec):
+        n = 1
+    elif isinstance(spec, ExploreSpec):
+        n = _branches(spec.input, decided, memo) * len(spec.alternatives)
+    elif isinstance(spec, CombineSpec):
+        n = 1
+        for s in upstream(spec):
+            n *= _branches(s, decided, memo)
+    else:
+        n = _branches(spec.input, decided, memo)
+        if decided and isinstance(spec, ChooseSpec) and spec.per is None:
+            if spec.single:
+                n = min(n, 1)
+            elif spec.k is not None:
+                n = min(n, spec.k)
+    memo[id(spec)] = n
+    return n
+
+
+def max_branches(spec: Spec) -> int:
     """Upper bound of the branches at ``spec`` once every choose upstream has decided.
 
     >>> def load(): return 1
     >>> max_branches(SourceSpec("p", Call(load, (), "load")))
     1
     """
-    memo = {} if _memo is None else _memo
-    if id(spec) in memo:
-        return memo[id(spec)]
-    if isinstance(spec, SourceSpec):
-        n = 1
-    elif isinstance(spec, ExploreSpec):
-        n = max_branches(spec.input, memo) * len(spec.alternatives)
-    elif isinstance(spec, CombineSpec):
-        n = 1
-        for s in upstream(spec):
-            n *= max_branches(s, memo)
-    elif isinstance(spec, ChooseSpec):
-        n = max_branches(spec.input, memo)
-        if spec.per is None and spec.single:
-            n = min(n, 1)
-        elif spec.per is None and spec.k is not None:
-            n = min(n, spec.k)
-    else:
-        n = max_branches(spec.input, memo)
-    memo[id(spec)] = n
-    return n
+    return _branches(spec, True, {})
 
 
 #: Default cap on the branches one node may have (each branch is at least one task); the
@@ -235,7 +238,7 @@ def branch_limit() -> int | None:
     return n if n > 0 else None
 
 
-def count_branches(spec: Spec, _memo: dict | None = None) -> int:
+def count_branches(spec: Spec) -> int:
     """Branches flowing into ``spec`` before any choose decides (what the compiled graph holds
     tasks for); for a combine, the product of its inputs (an upper bound of the join).
 
@@ -243,18 +246,4 @@ def count_branches(spec: Spec, _memo: dict | None = None) -> int:
     >>> count_branches(SourceSpec("p", Call(load, (), "load")))
     1
     """
-    memo = {} if _memo is None else _memo
-    if id(spec) in memo:
-        return memo[id(spec)]
-    if isinstance(spec, SourceSpec):
-        n = 1
-    elif isinstance(spec, ExploreSpec):
-        n = count_branches(spec.input, memo) * len(spec.alternatives)
-    elif isinstance(spec, CombineSpec):
-        n = 1
-        for s in upstream(spec):
-            n *= count_branches(s, memo)
-    else:
-        n = count_branches(spec.input, memo)
-    memo[id(spec)] = n
-    return n
+    return _branches(spec, False, {})

@@ -203,5 +203,4 @@ def spill_metrics(dask_worker: Any) -> dict[str, float]:
         "write_count": m.get(("disk-write", "count"), 0.0),
         "read_bytes": m.get(("disk-read", "bytes"), 0.0),
         "read_count": m.get(("disk-read", "count"), 0.0),
-        "spilled_now": float(getattr(data, "spilled_total", None).disk) if hasattr(data, "spilled_total") else 0.0,
     }

@@ -134,16 +134,27 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-class ExplorationPage:
-    """The explore/choose tree and the table of one run."""
+class _RunPage:
+    """What both pages share: the run picker (a change redraws at once) and a header."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, empty_header: str):
         self.scheduler = scheduler
         self.last = None
         self.select = Select(title="Run", value=LATEST, options=[LATEST], width=320)
         self.select.on_change("value", lambda attr, old, new: self.update(force=True))
-        self.header = Div(text="<h3>Quiver: exploration</h3><p>No Quiver run has published to this scheduler yet.</p>",
-                          sizing_mode="stretch_width")
+        self.header = Div(text=empty_header, sizing_mode="stretch_width")
+
+    def update(self, force: bool = False) -> None:
+        raise NotImplementedError
+
+
+class ExplorationPage(_RunPage):
+    """The explore/choose tree and the table of one run."""
+
+    def __init__(self, scheduler):
+        super().__init__(
+            scheduler, "<h3>Quiver: exploration</h3><p>No Quiver run has published to this scheduler yet.</p>"
+        )
         self.legend = Div(text=_legend_html(), sizing_mode="stretch_width")
         self.nodes = ColumnDataSource({k: [] for k in ("x", "y", "color", "label", "status", "size", "line", "width", "info")})
         self.edges = ColumnDataSource({k: [] for k in ("x0", "y0", "x1", "y1", "color", "width")})
@@ -276,16 +287,11 @@ _CURVES = [
 ]
 
 
-class TrainingPage:
+class TrainingPage(_RunPage):
     """Live curves of every training branch of the selected run."""
 
     def __init__(self, scheduler):
-        self.scheduler = scheduler
-        self.last = None
-        self.select = Select(title="Run", value=LATEST, options=[LATEST], width=320)
-        self.select.on_change("value", lambda attr, old, new: self.update(force=True))
-        self.header = Div(text="<h3>Quiver: training</h3><p>No training branch has reported yet.</p>",
-                          sizing_mode="stretch_width")
+        super().__init__(scheduler, "<h3>Quiver: training</h3><p>No training branch has reported yet.</p>")
         self.sources: dict[str, ColumnDataSource] = {}
         self.points: dict[str, ColumnDataSource] = {}
         figs = []

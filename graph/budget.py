@@ -65,7 +65,10 @@ def measure_baseline(client: Any, ceiling: int | None = None, patience: float = 
     deadline = time.monotonic() + patience
     while ceiling is not None and max(rss.values()) * 1.15 > ceiling and time.monotonic() < deadline:
         time.sleep(0.5)
-        again = client.run(_rss)
+        try:
+            again = client.run(_rss)
+        except OSError:  # a worker went away meanwhile (e.g. its nanny restarted it): keep what we had
+            continue
         rss = {w: min(v, again.get(w, v)) for w, v in rss.items()}
     return len(rss), int(max(rss.values()) * 1.15)
 

@@ -67,7 +67,14 @@ def total(x) -> float:
     return float(x.sum())
 
 
-def test_after_a_run_the_budget_stopped_the_cluster_runs_the_next_one(budget_client):
+def test_after_a_run_the_budget_stopped_the_cluster_runs_the_next_one():
+    # a fresh cluster: on workers whose memory grew in earlier tests, the 140 MiB result can
+    # push a worker past the nanny's terminate threshold before the guard sees it (a known gap)
+    with connect(n_workers=2, memory_budget=BUDGET, quiet=True) as budget_client:
+        _stop_then_run(budget_client)
+
+
+def _stop_then_run(budget_client):
     with pytest.raises(RunError, match="'big'"):
         # above a worker's share for results (~100 MiB) but below what kills it (304 MiB)
         Pipeline("too-big").source(big, n_bytes=140 * MiB).then(total).run(

@@ -42,7 +42,7 @@ _LAZY = {
     "MemoryPlan": "graph.memory.plan",
     "plan_memory": "graph.memory.plan",
     "ResultStore": "graph.store",
-    "not_rerunnable": "graph.store",
+    "not_rerunnable": "graph.rerun",
 }
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .keys import original_key
+
 __all__ = ["RunMonitor", "snapshot_on_scheduler"]
 
 
@@ -78,8 +80,7 @@ class RunMonitor(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         if start != "processing" or finish not in ("memory", "erred"):
             return
-        if isinstance(key, str) and "~again" in key:  # the executor's recompute copy of a key
-            key = key.split("~again", 1)[0]
+        key = original_key(key)  # the executor's recompute copy of a key counts as the key
         if key not in self.keys:
             return
         self.executed[key] += 1
@@ -91,9 +92,8 @@ class RunMonitor(SchedulerPlugin):
         if kwargs.get("nbytes") is not None:
             self.nbytes[key] = kwargs["nbytes"]
             if self.limit is not None and self.topic and kwargs["nbytes"] > self.limit and self._scheduler:
-                from .memory.budget import oversized_message
-
-                self._scheduler.log_event(self.topic, oversized_message(key, kwargs["nbytes"], self.limit))
+                # the client side words it (graph.memory.budget): the monitor imports nothing of it
+                self._scheduler.log_event(self.topic, {"key": key, "nbytes": kwargs["nbytes"], "limit": self.limit})
 
     def snapshot(self) -> dict[str, Any]:
         self.sample()

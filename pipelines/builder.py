@@ -270,7 +270,10 @@ class Node:
         ``memory_budget`` (total bytes for all workers, e.g. ``"2 GiB"``: the run follows
         a memory plan, see ``graph.plan_memory``; on an embedded cluster it also sets
         the workers' memory limits), ``sample_sizes`` (measure the first branch before
-        planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering).
+        planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering),
+        ``on_metric_error`` (``"stop"``, the default: when the first branches at a choose cannot
+        give their metric for the same reason, the run ends at once with a ``RunError``
+        naming it; ``"continue"``: run every branch anyway).
         """
         from .runner import run_node
 

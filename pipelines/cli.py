@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
     run.add_argument("--order", choices=("depth-first", "dask"), default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run every branch even when the first branches at a choose cannot give their metric for the "
+        "same reason (by default the run stops at once, naming the cause)",
+    )
     run.add_argument("--json", type=_json_path, metavar="PATH", help="also write the table and stats to PATH as JSON")
     run.add_argument(
         "--report",
@@ -230,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             sample_sizes=args.sample_sizes,
             order=args.order,
             store=args.store,
+            on_metric_error="continue" if args.keep_going else "stop",
         )
     except (CLIError, PipelineError, RunError) as exc:
         print(f"quiver: error: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ def run_node(
     sample_sizes: bool = False,
     order: str = "depth-first",
     disk_bandwidth: Any = None,
+    on_metric_error: str = "stop",
 ) -> Result:
     import graph
     from graph.cluster import connect
@@ -30,6 +31,11 @@ def run_node(
 
     if order not in ("depth-first", "dask"):
         raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
+    if on_metric_error not in ("stop", "continue"):
+        raise graph.PipelineError(
+            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
+            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
+        )
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
     if store is not None:  # a bad store path is refused before a cluster starts
         from graph.store import ResultStore
@@ -73,6 +79,7 @@ def run_node(
             sample_sizes=sample_sizes,
             order=order,
             disk_bandwidth=disk_bandwidth,
+            on_metric_error=on_metric_error,
         )
     if record.single:
         value = record.values[0] if record.values else None

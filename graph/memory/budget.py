@@ -14,6 +14,7 @@ larger than a worker's share of the budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import RunError
@@ -147,78 +148,97 @@ class BudgetedRun:
         self.replans = 0
         self.first_prediction: dict | None = None
         self.too_big: set[str] = set()
+        self.compiled: Any = None
+        self.snapshot: Callable[[], dict] = dict
+        self.planned_with: tuple[int, int] = (1, 0)
         self.before = spill_counters(client)
 
-    def start(self, ex: Any, monitor_name: str) -> None:
-        """Plan and install; ``ex`` is the executor's ``_Execution``."""
+    def start(
+        self,
+        compiled: Any,
+        *,
+        monitor_name: str,
+        snapshot: Callable[[], dict],
+        abort: Callable[[str], None],
+        sample_first: Callable[[], None] | None = None,
+    ) -> frozenset:
+        """Plan and install. ``snapshot()`` reads the run monitor's record, ``abort(message)``
+        stops the run (thread-safe), ``sample_first()`` runs the first branch alone (with
+        ``sample=True``). Returns the keys the run may release early and recompute."""
         client = self.client
-        client.subscribe_topic(self.topic, lambda event: ex.events.put(("abort", event[1])))
+        self.compiled, self.snapshot = compiled, snapshot
+        client.subscribe_topic(self.topic, lambda event: abort(_guard_message(event[1])))
         if self.budget is None:
-            return
+            return frozenset()
         n = len(client.scheduler_info().get("workers", {})) or 1
         workers, baseline = measure_baseline(client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2)
-        self.planned_with = (workers, baseline, monitor_name)
+        self.planned_with = (workers, baseline)
         if self.disk_bandwidth is None:
             self.disk_bandwidth = measure_disk_bandwidth(client)
         share = int(self.budget // workers * SPILL_FRACTION) - baseline
         if share > 0:  # the guard is on before anything runs, the sampling pass included
             client.run_on_scheduler(_set_guard, name=monitor_name, keys=[], limit=share, topic=self.topic)
-        if self.sample:
-            ex.prefetch_first()
+        if self.sample and sample_first is not None:
+            sample_first()
         # before anything ran, a step hinted too big is a definition error; after the sampling
         # pass, a measured one is the guard's to report (it stops the run with a RunError)
-        self.plan = self._plan(ex, strict=not self.sample)
+        self.plan = self._plan({}, strict=not self.sample)
         self.too_big.update(self.plan.too_big)
-        ex.droppable = self._droppable(ex, self.plan)
-        if not self.sample:
-            ex.on_first_result = self.replan
-        ex.on_decision = self.replan
         self.plugin_name = f"quiver-memory-{self.run_id}"
         plugin = MemoryPlanPlugin(
             self.plugin_name, self.plan.next_uses(), self.plan.positions(), self.plan.worker_data_budget
         )
         client.register_plugin(plugin)
+        return self._droppable(self.plan)
 
-    @staticmethod
-    def _droppable(ex: Any, plan: MemoryPlan) -> frozenset:
+    def on_first_result(self, decided: dict) -> frozenset | None:
+        """The first branch result is in: plan again with what was measured (not after a sampling pass)."""
+        if self.budget is None or self.sample:
+            return None
+        return self.replan(decided)
+
+    def on_decision(self, decided: dict) -> frozenset | None:
+        """Chooses decided: plan again for the branches they kept."""
+        if self.budget is None:
+            return None
+        return self.replan(decided)
+
+    def _droppable(self, plan: MemoryPlan) -> frozenset:
         """What the plan drops, less the results of steps that must not run twice (they are
         spilled instead: recomputing them would be a second run)."""
-        from ..store import is_rerun_safe
+        from ..rerun import is_rerun_safe
 
-        return frozenset(
-            k for k in plan.droppable if k not in ex.c.graph or is_rerun_safe(getattr(ex.c.graph[k], "func", None))
-        )
+        graph = self.compiled.graph
+        return frozenset(k for k in plan.droppable if k not in graph or is_rerun_safe(getattr(graph[k], "func", None)))
 
-    def _plan(self, ex: Any, strict: bool) -> MemoryPlan:
+    def _plan(self, decided: dict, strict: bool) -> MemoryPlan:
         """A plan from the sizes and seconds measured so far and the chooses' decisions."""
-        from ..monitor import snapshot_on_scheduler
-
-        workers, baseline, monitor_name = self.planned_with
-        snap = self.client.run_on_scheduler(snapshot_on_scheduler, name=monitor_name)
-        sizes = SizeEstimates(hints=ex.c.size_hints)
-        sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in ex.c.graph})
+        workers, baseline = self.planned_with
+        snap = self.snapshot()
+        c = self.compiled
+        sizes = SizeEstimates(hints=c.size_hints)
+        sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in c.graph})
         return plan_memory(
-            ex.c,
+            c,
             self.budget,
             workers=workers,
             baseline=baseline,
             sizes=sizes,
             seconds=snap.get("seconds", {}),
             disk_bandwidth=self.disk_bandwidth,
-            decided=dict(ex.gate),
+            decided=decided,
             strict=strict,
         )
 
-    def replan(self, ex: Any) -> None:
-        """Plan again (the first result is in, or a choose decided) and send the workers the
-        new planned uses.  Never fails the run: a result too big is the guard's to report."""
-        plan = self._plan(ex, strict=False)
+    def replan(self, decided: dict) -> frozenset:
+        """Plan again and send the workers the new planned uses; returns the new droppable keys.
+        Never fails the run: a result too big is the guard's to report."""
+        plan = self._plan(decided, strict=False)
         if self.plan is not None and self.plan.predicted_peak and not self.replans:
             self.first_prediction = self.plan.summary()
         self.plan = plan
         self.replans += 1
         self.too_big.update(plan.too_big)
-        ex.droppable = self._droppable(ex, plan)
         if self.plugin_name is not None:
             try:
                 self.client.run(
@@ -226,6 +246,7 @@ class BudgetedRun:
                 )
             except Exception:  # a worker went away: the others still got it
                 pass
+        return self._droppable(plan)
 
     def close(self) -> None:
         try:
@@ -259,6 +280,13 @@ class BudgetedRun:
             measured = {k: n for k, n in snap.get("nbytes", {}).items() if k in compiled.graph}
             out["measured_result_bytes"] = sum(measured.values())
         return out
+
+
+def _guard_message(msg: Any) -> str:
+    """The run monitor's guard event (``{"key", "nbytes", "limit"}``) as the error the run stops with."""
+    if isinstance(msg, dict) and {"key", "nbytes", "limit"} <= msg.keys():
+        return oversized_message(msg["key"], msg["nbytes"], msg["limit"])
+    return str(msg)
 
 
 def oversized_message(key: str, nbytes: int, limit: int) -> str:

@@ -643,10 +643,10 @@ class ExplorationState:
                 cancel.append(name)
                 self.let_go.add(key)
         self._candidates.clear()
+        if cancel:  # first: what they would have read is released just after
+            self._out.append(Cancel(tuple(sorted(cancel))))
         if release:
             self._out.append(Release(tuple(sorted(release))))
-        if cancel:
-            self._out.append(Cancel(tuple(sorted(cancel))))
 
     # ---- views ----------------------------------------------------------------------------------
     def _task(self, key: str) -> Any:

@@ -147,7 +147,7 @@ def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
     return out
 
 
-def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
+def _train_member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
     return _observed(_GangMember(ctx, checkpoint_name), data, model, cfg, resume, task)
 
 
@@ -244,7 +244,7 @@ def train(
 
                 pool = sorted(get_client().scheduler_info(n_workers=-1)["workers"])[:workers]
             member = functools.partial(
-                _member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
+                _train_member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
             )
             try:
                 results = run_gang(None, member, pool, timeout=timeout)

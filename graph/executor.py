@@ -246,7 +246,8 @@ def execute(
     fail to give their metric for the same reason; ``"continue"`` runs every branch.
     ``on_driver``: called with the :class:`ExplorationDriver` before anything is submitted
     (e.g. a watchdog that may call ``driver.abort(RunError(...))`` from its own thread); if
-    it returns an object with ``close()``, that is called when the run ends.
+    it returns an object with ``close()`` (or ``cancel()``, e.g. a ``threading.Timer``), that is
+    called when the run ends.
     """
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
@@ -305,8 +306,9 @@ def execute(
         publisher.finish([], error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        if watcher is not None and hasattr(watcher, "close"):
-            watcher.close()
+        stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
+        if stop is not None:
+            stop()
         watch.close()
         if budgeted is not None:
             budgeted.close()

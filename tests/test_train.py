@@ -14,7 +14,7 @@ import torch
 import gpu
 from gpu.engine import TrainConfig
 from gpu.gang import run_gang
-from gpu.training import _member
+from gpu.training import _train_member
 from pipelines import Pipeline, grid
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,7 +29,7 @@ def digits():
 
 def test_final_central_model_is_bit_identical_on_both_workers(client, digits):
     cfg = TrainConfig(epochs=2, lr=0.05, batch_size=16, replicas=2)
-    member = functools.partial(_member, data=digits, model=MLP, cfg=cfg, resume=None, checkpoint_name="quiver-test-ckpt")
+    member = functools.partial(_train_member, data=digits, model=MLP, cfg=cfg, resume=None, checkpoint_name="quiver-test-ckpt")
     results = run_gang(client, member, None, timeout=30)
     assert len(results) == 2
     z0, z1 = results[0]["z"], results[1]["z"]

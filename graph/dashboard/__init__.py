@@ -18,7 +18,7 @@ scheduler has a Bokeh dashboard to add them to). A scheduler preloads it with Da
 
 from __future__ import annotations
 
-from .plugin import QuiverDashboard, dask_setup, ensure_dashboard, install_pages, snapshot_on_scheduler
+from .plugin import QuiverDashboard, dask_setup, ensure_dashboard, install_pages, dashboard_snapshot
 from .protocol import (
     COLORS,
     EXPLORATION_PAGE,
@@ -43,5 +43,5 @@ __all__ = [
     "dask_setup",
     "ensure_dashboard",
     "install_pages",
-    "snapshot_on_scheduler",
+    "dashboard_snapshot",
 ]

@@ -40,6 +40,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..ranking import best as best_index
 from .protocol import (
     COLORS,
     EXPLORATION_PAGE,
@@ -62,7 +63,7 @@ __all__ = [
     "QuiverDashboard",
     "dask_setup",
     "ensure_dashboard",
-    "snapshot_on_scheduler",
+    "dashboard_snapshot",
 ]
 
 logger = logging.getLogger(__name__)
@@ -276,14 +277,11 @@ class QuiverDashboard(SchedulerPlugin):
         best = None
         if run["chooses"]:
             cp = run["chooses"][-1]
-            vals = [(b["metrics"].get(cp["metric"]), b["id"]) for b in branches]
-            vals = [v for v in vals if isinstance(v[0], (int, float))]
-            if vals:
-                if cp.get("mode", "max") == "max":  # ties go to the branch declared first, as in a choose
-                    pick = min(vals, key=lambda v: (-v[0], v[1]))
-                else:
-                    pick = min(vals)
-                best = {"metric": cp["metric"], "value": pick[0], "branch": pick[1]}
+            metrics = {b["id"]: b["metrics"].get(cp["metric"]) for b in branches}
+            metrics = {i: float(m) for i, m in metrics.items() if isinstance(m, (int, float))}
+            pick = best_index(metrics, cp.get("mode", "max"))  # the choose's own rule (graph.ranking)
+            if pick is not None:
+                best = {"metric": cp["metric"], "value": metrics[pick], "branch": pick}
         return {
             "run": run["run"],
             "name": run["name"],
@@ -339,8 +337,8 @@ class QuiverDashboard(SchedulerPlugin):
         return jsonable({"version": self.version, "time": time.time(), "runs": runs, "training": training})
 
 
-def snapshot_on_scheduler(dask_scheduler, run: str | None = None) -> dict:
-    """``client.run_on_scheduler(snapshot_on_scheduler)``: the plugin's snapshot (``{}`` without it)."""
+def dashboard_snapshot(dask_scheduler, run: str | None = None) -> dict:
+    """``client.run_on_scheduler(dashboard_snapshot)``: the plugin's snapshot (``{}`` without it)."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     return plugin.snapshot(run) if plugin is not None else {}
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PipelineError
+from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 
 __all__ = [
@@ -210,14 +211,7 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
     """
     assumed = {cp.index: _assumed_kept(cp, decided) for cp in compiled.chooses}
     kept = {c: a[0] for c, a in assumed.items()}
-    tips: list[tuple[int, int, list[str], tuple]] = []
-    for cp in compiled.chooses:
-        for i, b in enumerate(cp.inputs):
-            tips.append((len(b.gates), len(tips), list(b.lineage) + [cp.metric_keys[i]], b.gates))
-    outputs_from = len(tips)
-    for b in compiled.branches:
-        tips.append((len(b.gates), len(tips), list(b.lineage), b.gates))
-    tips.sort(key=lambda t: (t[0], t[1]))
+    tips = [(t.kind == "output", list(t.keys), t.branch.gates) for t in run_order(run_targets(compiled))]
 
     def deps(key: str):
         task = compiled.graph.get(key) or compiled.metric_graph[key]
@@ -243,11 +237,11 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
 
     excluded: list[tuple[list[str], tuple]] = []
     held: set[str] = set()
-    for _, n, keys, gates in tips:
+    for is_output, keys, gates in tips:
         if all(i in kept[c] for c, i in gates):
             for k in keys:
                 visit(k)
-            if n >= outputs_from:
+            if is_output:
                 held.add(keys[-1])
         else:
             excluded.append((keys, gates))

@@ -125,3 +125,14 @@ def test_the_cycle_detector_sees_a_lazy_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ["graph"])
     assert import_cycles() == [["graph.a", "graph.b"]]
+
+
+def test_modules_workers_import_do_not_load_pandas():
+    """Workers import graph.memory.budget/spill (client.run functions, the spill buffer): an idle
+    worker's memory is the budget's baseline, so these must not pull in pandas (the table)."""
+    code = (
+        "import sys, graph.memory.budget, graph.memory.spill, graph.memory.plan, graph.state.order; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -6,7 +6,9 @@
 * :mod:`graph.state.machine`: :class:`ExplorationState`, every decision of a run, and the
   branch status rule.
 
-Nothing here talks to a cluster; ``graph.executor`` is the thin driver that does.
+Nothing here talks to a cluster; ``graph.executor`` is the thin driver that does. Names load
+on first use, so ``graph.memory.plan`` (imported on workers) reads the order without loading
+the machine (and pandas, through the table rows).
 
 >>> from graph.state import Start, TaskFinished, Submit
 >>> TaskFinished("load-1")
@@ -15,31 +17,8 @@ TaskFinished(name='load-1')
 
 from __future__ import annotations
 
-from .events import (
-    Abort,
-    Cancel,
-    ChooseDecided,
-    Fail,
-    Finished,
-    FirstResult,
-    Gather,
-    MemoryPlanned,
-    MetricRead,
-    Publish,
-    Recompute,
-    Release,
-    Report,
-    Start,
-    Stop,
-    Submit,
-    TaskCancelled,
-    TaskFailed,
-    TaskFinished,
-    Warn,
-    WorkerLost,
-)
-from .machine import METRIC_ERROR_MODES, ExplorationState, branch_status
-from .order import Target, priority, run_order, run_targets
+import importlib
+from typing import Any
 
 __all__ = [
     "Abort",
@@ -71,3 +50,14 @@ __all__ = [
     "run_order",
     "run_targets",
 ]
+
+_EVENTS = {n for n in __all__ if n[0].isupper() and n not in ("ExplorationState", "METRIC_ERROR_MODES", "Target")}
+_LAZY = {n: "graph.state.events" for n in _EVENTS}
+_LAZY.update({n: "graph.state.machine" for n in ("ExplorationState", "METRIC_ERROR_MODES", "branch_status")})
+_LAZY.update({n: "graph.state.order" for n in ("Target", "priority", "run_order", "run_targets")})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graph.state' has no attribute {name!r}")

@@ -215,8 +215,8 @@ class ExplorationDriver:
 
     def _show(self, force: bool = False) -> None:
         p = self.state.progress()
-        if self.publisher is not None:
-            self.publisher.update((), p["tasks_done"], force)
+        if self.publisher is not None and (force or self.publisher.due()):
+            self.publisher.update(self.state.changes(), p["tasks_done"], force)
         self.progress.update(**p, force=force)
 
 
@@ -255,7 +255,7 @@ def execute(
     run_id = uuid.uuid4().hex[:12]
     prepared = prepare(compiled, store, run_id)  # graph/transform.py: the store, not-rerunnable steps
     compiled = prepared.compiled
-    state = ExplorationState(compiled, on_metric_error=on_metric_error)
+    state = ExplorationState(compiled, on_metric_error=on_metric_error, publish=False)  # pulled when due
     monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
     client.register_plugin(monitor)
     bar = Progress(enabled=progress)

@@ -386,6 +386,7 @@ def test_cost_per_event_does_not_grow_with_the_branches():
         s = ExplorationState(c, publish=False)
         s.handle(Start())
         s.handle(TaskFinished(c.chooses[0].inputs[0].lineage[0]))
+        s.changes()  # what the start touched (every branch: it submitted them all)
         calls = 0
         original = machine.ExplorationState.status
 

@@ -189,6 +189,10 @@ class ExplorationPublisher:
             }
         )
 
+    def due(self) -> bool:
+        """Whether an update would be sent now (at most every ``interval`` s)."""
+        return self.enabled and self.detailed and time.monotonic() - self._last >= self.interval
+
     def update(self, branches: Any = (), tasks_done: int | None = None, force: bool = False) -> None:
         """Queue changed branches (``(id, status, metrics, error)`` rows, what the state machine's
         ``Publish`` instruction carries) and send what is queued at most every ``interval`` s."""

@@ -68,10 +68,11 @@ class _Tip:
     """The machine's record of one target."""
 
     __slots__ = ("t", "state", "dead", "stopped", "metric", "scalars", "error", "traceback", "failed_step",
-                 "kept", "demand", "holds", "cause")
+                 "kept", "demand", "holds", "cause", "keys")
 
     def __init__(self, t: Target):
         self.t = t
+        self.keys = t.keys  # every task it needs (computed once)
         self.state = WAITING
         self.dead = False
         self.stopped = False  # a Stop event ended it (status pruned)
@@ -354,7 +355,7 @@ class ExplorationState:
         old = tip.demand
         if old == new:
             return
-        for k in tip.t.keys:
+        for k in tip.keys:
             if old == "wait":
                 self.demand_wait[k] -= 1
             elif old == "sub":
@@ -364,7 +365,7 @@ class ExplorationState:
             elif new == "sub":
                 self.demand_sub[k] += 1
         tip.demand = new
-        self._candidates.update(tip.t.keys)
+        self._candidates.update(tip.keys)
 
     def _drop_holds(self, tip: _Tip) -> None:
         if not tip.holds:
@@ -539,7 +540,7 @@ class ExplorationState:
         for tip in sorted(opening, key=lambda t: t.t.id):
             if tip.state != WAITING or tip.dead:
                 continue
-            if not any(k in self.errored for k in tip.t.keys):  # else it fails at once, nothing to run
+            if not self.errored or not any(k in self.errored for k in tip.keys):  # else it fails at once, nothing to run
                 self._needs(tip, tasks, prio)
             tip.state = SUBMITTED
             self._set_demand(tip, "sub")
@@ -596,7 +597,7 @@ class ExplorationState:
         """A just-submitted target whose result is already there, or whose path already failed."""
         if tip.state != SUBMITTED or tip.dead:
             return
-        for k in tip.t.keys:
+        for k in (tip.keys if self.errored else ()):
             if k in self.errored:
                 self._fail(tip, k)
                 return
@@ -690,9 +691,18 @@ class ExplorationState:
         return out
 
     def _publish(self) -> None:
-        if not self.publish or not self._dirty_outputs:
-            self._dirty_outputs.clear()
-            return
+        if self.publish:
+            rows = self.changes()
+            if rows:
+                self._out.append(Publish(rows))
+
+    def changes(self) -> tuple:
+        """The branches whose live status, metrics or error changed since the last call, as
+        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries). With
+        ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
+        the machine only notes which branches were touched)."""
+        if not self._dirty_outputs:
+            return ()
         rows = []
         for j in sorted(self._dirty_outputs):
             status = self.status(j)
@@ -704,8 +714,7 @@ class ExplorationState:
                 self._published[j] = row[1:]
                 rows.append(row)
         self._dirty_outputs.clear()
-        if rows:
-            self._out.append(Publish(tuple(rows)))
+        return tuple(rows)
 
     def decisions(self) -> dict[tuple[int, int], str]:
         """The chooses' decisions so far: ``{(choose, input): "keep" | "drop" | "cancel"}``."""

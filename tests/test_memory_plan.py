@@ -9,6 +9,7 @@ import pytest
 
 import graph
 from graph import PipelineError
+from graph.keys import step_name
 from graph.memory.plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
 from graph.memory.sizes import SizeEstimates, parse_bytes
 from pipelines import Pipeline, grid
@@ -38,7 +39,7 @@ def budget_for(data_bytes: int) -> int:
 
 
 def sizes_by_step(c, **by_step):
-    return {k: by_step.get(k.rsplit("-", 1)[0], 1) for k in c.graph}
+    return {k: by_step.get(step_name(k), 1) for k in c.graph}
 
 
 def replay(c, p):
@@ -217,7 +218,7 @@ def test_order_is_depth_first_and_stages_follow_chooses():
     c = graph.compile(node)
     sched = execution_order(c)
     order = sched.order
-    steps = [k.rsplit("-", 1)[0] for k in order]
+    steps = [step_name(k) for k in order]
     # the first branch's metric arrives before the second "a" alternative starts
     first_metric = next(i for i, k in enumerate(order) if k in c.metric_graph)
     second_a = [i for i, s in enumerate(steps) if s == "step"][1]

@@ -95,11 +95,6 @@ class MemoryPlan:
     too_big: list[str] = field(default_factory=list)  # steps over a worker's share (non-strict re-plans)
 
     @property
-    def data_budget(self) -> int:
-        """Bytes of results one worker may hold (the plan's capacity)."""
-        return self.worker_data_budget
-
-    @property
     def predicted_peak(self) -> int:
         """Predicted total process memory: every worker idle memory plus the results it holds at
         its worst moment (each worker is modelled as holding up to its own share)."""
@@ -368,29 +363,39 @@ def plan_memory(
     tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
 
     def chain_cost(key: str, seen: set[str]) -> float:
-        """Seconds to recompute ``key`` from what will still be in memory or on disk."""
-        c = cost(key)
-        for d in deps(key):
-            if d in resident or d in on_disk or d in seen:
-                continue
-            seen.add(d)
-            c += chain_cost(d, seen)
+        """Seconds to recompute ``key`` from what will still be in memory or on disk
+        (iterative: a chain thousands of steps deep must not hit Python's recursion limit)."""
+        c = 0.0
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            c += cost(k)
+            for d in deps(k):
+                if d in resident or d in on_disk or d in seen:
+                    continue
+                seen.add(d)
+                stack.append(d)
         return c
 
     def bring(key: str, t: int) -> None:
-        """Make ``key`` resident: read it back, or recompute it (and what it needs)."""
-        if key in resident:
-            return
-        if key in on_disk:
-            on_disk.discard(key)
-            tally["read"] += size[key]
-        else:
-            for d in deps(key):
-                bring(d, t)
-            tally["recomputed"] += 1
-        resident[key] = size[key]
-        tally["total"] += size[key]
-        tally["peak"] = max(tally["peak"], tally["total"])
+        """Make ``key`` resident: read it back, or recompute it (and what it needs first)."""
+        stack = [(key, False)]
+        while stack:
+            k, inputs_ready = stack.pop()
+            if k in resident:
+                continue
+            if k in on_disk:
+                on_disk.discard(k)
+                tally["read"] += size[k]
+            elif not inputs_ready:
+                stack.append((k, True))  # come back once what it needs is resident
+                stack.extend((d, False) for d in deps(k) if d not in resident)
+                continue
+            else:
+                tally["recomputed"] += 1
+            resident[k] = size[k]
+            tally["total"] += size[k]
+            tally["peak"] = max(tally["peak"], tally["total"])
 
     def make_room(nbytes: int, protected: set[str], t: int) -> None:
         while tally["total"] + nbytes > capacity:

@@ -519,6 +519,7 @@ def execute(
     sample_sizes: bool = False,
     order: str = "depth-first",
     disk_bandwidth: Any = None,
+    stall_timeout: float | None = None,
 ) -> RunRecord:
     """Run ``compiled`` on ``client`` and return a :class:`RunRecord`.
 
@@ -528,6 +529,8 @@ def execute(
     ``sample_sizes``: run the first branch alone first and plan with its measured sizes.
     ``order``: ``"depth-first"`` (Quiver's priorities) or ``"dask"`` (Dask's own ordering).
     ``disk_bandwidth``: bytes/s the plan assumes for spilling (default: measured on a worker).
+    ``stall_timeout``: seconds without progress (workers paused or gone, the scheduler silent)
+    before the run stops with a ``RunError`` (``graph.watchdog``; ``None``/0: never).
     """
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
@@ -550,6 +553,17 @@ def execute(
     watch = TrainingWatch(client, bar)
     # -------------------------------------------------------------------------------
     budgeted = None
+    # ---- graph/watchdog.py: stop a stuck run with its cause (the one call site; on the state machine's
+    # driver this becomes an Abort(reason) event) ----
+    from .watchdog import Sampler
+
+    sampler = None
+    if stall_timeout:
+        sampler = Sampler(
+            client, lambda reason: ex.events.put(("abort", reason)), stall_timeout,
+            progress=lambda: len(ex.finished) + len(ex.errored),
+        ).start()
+    # -------------------------------------------------------------------------------
     try:
         budgeted = BudgetedRun(
             client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth
@@ -565,6 +579,8 @@ def execute(
         if sys.exc_info()[1] is not None:  # the run stopped early: say so on the dashboard
             ex.publisher.finish([], error=f"{type(sys.exc_info()[1]).__name__}: {sys.exc_info()[1]}")
         watch.close()
+        if sampler is not None:  # graph/watchdog.py
+            sampler.stop()
         if budgeted is not None:
             budgeted.close()
         bar.close()

@@ -113,6 +113,16 @@ def _json_path(text: str) -> str:
     return text
 
 
+def _seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not n >= 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0: never stop), got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quiver",
@@ -156,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_limit,
         metavar="N",
         help="refuse explores with more than N branches (default 100000, or $QUIVER_BRANCH_LIMIT; 0: no limit)",
+    )
+    run.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop the run with an error naming the cause when it makes no progress for SECONDS while "
+        "workers are paused by memory, gone or not starting, or the scheduler does not answer "
+        "(default 60; 0: wait as long as Dask does)",
     )
     run.add_argument(
         "--store",
@@ -230,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             sample_sizes=args.sample_sizes,
             order=args.order,
             store=args.store,
+            stall_timeout=args.stall_timeout,
         )
     except (CLIError, PipelineError, RunError) as exc:
         print(f"quiver: error: {exc}", file=sys.stderr)

@@ -23,11 +23,20 @@ def run_node(
     sample_sizes: bool = False,
     order: str = "depth-first",
     disk_bandwidth: Any = None,
+    stall_timeout: float | None = None,
 ) -> Result:
     import graph
     from graph.cluster import connect
     from graph.executor import execute
 
+    from graph.watchdog import DEFAULT_STALL_TIMEOUT
+
+    if stall_timeout is None:
+        stall_timeout = DEFAULT_STALL_TIMEOUT
+    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout < 0:
+        raise graph.PipelineError(
+            f"stall_timeout must be seconds (a number >= 0; 0 turns the watchdog off), not {stall_timeout!r}"
+        )
     if order not in ("depth-first", "dask"):
         raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
@@ -73,6 +82,7 @@ def run_node(
             sample_sizes=sample_sizes,
             order=order,
             disk_bandwidth=disk_bandwidth,
+            stall_timeout=stall_timeout,
         )
     if record.single:
         value = record.values[0] if record.values else None

@@ -72,18 +72,22 @@ def run_node(
         memory_limit=memory_limit,
         quiet=quiet,
     ) as c:
-        record = execute(
-            compiled,
-            c,
-            progress=progress,
-            raise_if_all_failed=raise_if_all_failed,
-            store=store,
-            memory_budget=memory_budget,
-            sample_sizes=sample_sizes,
-            order=order,
-            disk_bandwidth=disk_bandwidth,
-            stall_timeout=stall_timeout,
-        )
+        try:
+            record = execute(
+                compiled,
+                c,
+                progress=progress,
+                raise_if_all_failed=raise_if_all_failed,
+                store=store,
+                memory_budget=memory_budget,
+                sample_sizes=sample_sizes,
+                order=order,
+                disk_bandwidth=disk_bandwidth,
+                stall_timeout=stall_timeout,
+            )
+        except graph.RunError as exc:
+            exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+            raise
     if record.single:
         value = record.values[0] if record.values else None
     else:

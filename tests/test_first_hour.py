@@ -73,3 +73,76 @@ def test_script_without_main_guard_runs_with_quiver_run(tmp_path):
     assert "RESULT" in out.stdout  # the module-level run, while the file was loaded
     assert "chosen branch(es):" in out.stdout  # then the CLI's own run of `output`
     assert "bootstrapping phase" not in out.stderr
+
+
+MIXED = textwrap.dedent(
+    """
+    import math
+    from pipelines import Pipeline, grid
+
+    def load():
+        return 1.0
+
+    def tree(x, max_depth):
+        return {"score": float("nan") if max_depth == 1 else (max_depth or 10) / 10}
+
+    def linear(x, c):
+        return {"score": c / 100}
+
+    output = Pipeline("mixed").source(load).explore(
+        "model", grid(tree, max_depth=[None, 1, 3]), grid(linear, c=[5, 50])
+    ).choose("score", k=2)
+    """
+)
+
+
+def _strict_loads(text):
+    import json
+
+    def refuse(name):
+        raise AssertionError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _quiver(tmp_path, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", *args, "--workers", "2", "--no-progress"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=_env(),
+    )
+
+
+def test_json_is_strict_with_branch_ids_and_none_apart_from_not_applicable(tmp_path):
+    f = tmp_path / "mixed.py"
+    f.write_text(MIXED)
+    out = _quiver(tmp_path, str(f), "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = _strict_loads((tmp_path / "r.json").read_text())
+    rows = {r["branch"]: r for r in data["table"]}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert rows[0]["model.max_depth"] is None and "model.c" not in rows[0]  # None, and not applicable
+    assert rows[1]["score"] is None  # NaN metric -> null
+    assert rows[3]["model.c"] == 5 and "model.max_depth" not in rows[3]
+    assert [r["branch"] for r in data["table"] if r["chosen"]] == [0, 4]  # 1.0 and 0.5
+    # the printed table is sorted by the choose's metric, best first, NaN last
+    lines = [ln for ln in out.stdout.splitlines() if ln[:1].isdigit() and "branches;" not in ln]
+    assert [int(ln.split()[0]) for ln in lines] == [0, 4, 2, 3, 1]
+    assert "sorted by score, highest first" in out.stdout
+
+
+def test_failed_run_still_writes_json_and_report_with_every_branch_error(tmp_path):
+    f = tmp_path / "broken.py"
+    f.write_text(MIXED.replace('return {"score": c / 100}', 'raise ValueError(f"bad c={c}")').replace(
+        'float("nan") if max_depth == 1 else (max_depth or 10) / 10', "1 / 0"))
+    out = _quiver(tmp_path, str(f), "--json", str(tmp_path / "r.json"), "--report", str(tmp_path / "rep"))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("quiver: error: every branch failed")
+    data = _strict_loads((tmp_path / "r.json").read_text())
+    assert data["ok"] is False and data["error"].startswith("every branch failed")
+    errors = {r["branch"]: r["error"] for r in data["table"]}
+    assert len(errors) == 5 and all(r["status"] == "failed" for r in data["table"])
+    assert errors[3] == "ValueError: bad c=5" and errors[4] == "ValueError: bad c=50"
+    assert errors[0].startswith("ZeroDivisionError")
+    assert "Traceback" in data["table"][3]["traceback"]
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "The run failed" in html and "bad c=50" in html

@@ -235,6 +235,8 @@ def _print_result(result, out) -> None:
             f"{s['recomputed_tasks']} task(s) recomputed",
             file=out,
         )
+        if s.get("memory_plan_note"):  # predicted and measured differ much: say so, and why
+            print(f"memory: {s['memory_plan_note']}", file=out)
     if "store" in s:
         print(f"store {s['store']}: {s['loaded_from_store']} results loaded, {s['saved_to_store']} saved", file=out)
     chosen = result.chosen

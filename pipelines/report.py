@@ -228,16 +228,29 @@ def _memory_figure(result):
     for name, ys in series.items():
         ax.plot(times, [y / gib for y in ys], label=name, marker="o" if len(times) < 40 else None, markersize=3)
     plan = getattr(result, "memory_plan", None)
-    for attr, style, label in (("predicted_peak", "--", "planned peak"), ("budget", ":", "budget")):
+    for attr, style, label in (("predicted_peak", "--", "predicted peak"), ("budget", ":", "budget")):
         v = getattr(plan, attr, None) if plan is not None else None
         if isinstance(v, numbers.Real):
-            ax.axhline(v / gib, linestyle=style, color="black" if attr == "budget" else "C3", label=label)
+            ax.axhline(v / gib, linestyle=style, color="black" if attr == "budget" else "C3",
+                       label=f"{label} {v / gib:.0f} MiB")
+    peak = result.stats.get("peak_memory_bytes")
+    if isinstance(peak, numbers.Real) and peak:
+        ax.axhline(peak / gib, linestyle="-.", color="C0", alpha=0.6, label=f"measured peak {peak / gib:.0f} MiB")
+    note = result.stats.get("memory_plan_note")
+    if note:
+        fig.text(0.01, -0.02, "\n".join(_wrap(note, 150)), fontsize=7, va="top")
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("MiB (all workers)")
     ax.set_title("memory: plan vs measured" if plan is not None else "memory: measured", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
 
 
 def _fmt(v: Any) -> str:

@@ -119,6 +119,9 @@ def connect(
         from .dashboard import ensure_dashboard
 
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
+        from .logdigest import ErrorDigestPlugin
+
+        c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
         _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
         yield c
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["make_frame", "clip", "center", "square", "score", "frame_module", "digits_frame", "clean_frame",
-           "select_columns", "fit_logreg", "fit_tree", "test_score", "digits_exploration"]
+           "select_columns", "fit_logreg", "fit_tree", "held_out_score", "digits_exploration"]
 
 
 def frame_module(lib: str):
@@ -50,7 +50,8 @@ def score(df, weight: float):
     cov = float(((a - a.mean()) * (y - y.mean())).mean())
     var = float(((a - a.mean()) ** 2).mean())
     resid = y - y.mean() - (cov / var) * (a - a.mean())
-    return {"score": -float((resid * resid).mean()), "rows": int(len(df))}
+    # "lib": which library's frame the step really received on the worker (pandas or cudf)
+    return {"score": -float((resid * resid).mean()), "rows": int(len(df)), "lib": type(df).__module__.split(".")[0]}
 
 
 # ---- the DataFrame exploration (scikit-learn's digits as a pandas DataFrame, tiled) ----
@@ -109,7 +110,7 @@ def fit_tree(df, max_depth):
     return {"accuracy": float(m.score(Xb, yb)), "model": m, "frame": df}
 
 
-def test_score(out):
+def held_out_score(out):
     Xa, ya, Xb, yb = _split(out["frame"])
     return {"test_accuracy": float(out["model"].score(Xb, yb)), "lib": type(out["frame"]).__module__.split(".")[0]}
 
@@ -126,5 +127,5 @@ def digits_exploration(copies: int = 4):
         .explore("select", grid(select_columns, k=[16, 32, 48]))
         .explore("model", grid(fit_logreg, C=[0.1, 1.0]), grid(fit_tree, max_depth=[None, 8]))
         .choose("accuracy", k=3)
-        .then(test_score)
+        .then(held_out_score)
     )

@@ -144,5 +144,8 @@ def test_failed_run_still_writes_json_and_report_with_every_branch_error(tmp_pat
     assert errors[3] == "ValueError: bad c=5" and errors[4] == "ValueError: bad c=50"
     assert errors[0].startswith("ZeroDivisionError")
     assert "Traceback" in data["table"][3]["traceback"]
+    # the workers' log: one line per kind of error (and worker), not a block per failed task
+    assert "Key:       " not in out.stderr and "Traceback: " not in out.stderr
+    assert 3 <= out.stderr.count("Compute Failed: step") <= 6
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "The run failed" in html and "bad c=50" in html

@@ -28,6 +28,7 @@ def run_node(
     import graph
     from graph.cluster import connect
     from graph.executor import execute
+    from graph.tracebacks import restore_table
 
     from graph.watchdog import DEFAULT_STALL_TIMEOUT
 
@@ -87,7 +88,9 @@ def run_node(
             )
         except graph.RunError as exc:
             exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+            restore_table(exc.table, compiled)
             raise
+    restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None
     else:

@@ -144,6 +144,9 @@ def test_failed_run_still_writes_json_and_report_with_every_branch_error(tmp_pat
     assert errors[3] == "ValueError: bad c=5" and errors[4] == "ValueError: bad c=50"
     assert errors[0].startswith("ZeroDivisionError")
     assert "Traceback" in data["table"][3]["traceback"]
+    # the user's file and line, not cloudpickle's "<dynamic-code>"
+    assert f'File "{f}", line ' in data["table"][3]["traceback"] and "<dynamic-code>" not in data["table"][3]["traceback"]
+    assert 'raise ValueError(f"bad c={c}")' in data["table"][3]["traceback"]
     # the workers' log: one line per kind of error (and worker), not a block per failed task
     assert "Key:       " not in out.stderr and "Traceback: " not in out.stderr
     assert 3 <= out.stderr.count("Compute Failed: step") <= 6

@@ -48,30 +48,6 @@ def _rss(dask_worker: Any = None) -> int:
     return max(rss - held, 0)
 
 
-def _callables(obj: Any, depth: int = 0) -> list:
-    """``obj`` and what it wraps (``ByValue``, ``functools.partial``), plus the functions and
-    classes its globals name (one level): where a step's imports are found."""
-    import functools
-
-    out = []
-    while True:
-        inner = getattr(obj, "fn", None) if type(obj).__name__ == "ByValue" else None
-        if isinstance(obj, functools.partial):
-            inner = obj.func
-        if inner is None:
-            break
-        obj = inner
-    out.append(obj)
-    code = getattr(obj, "__code__", None)
-    if depth == 0 and code is not None:
-        glb = getattr(obj, "__globals__", {}) or {}
-        for name in code.co_names:
-            v = glb.get(name)
-            if callable(v) and not isinstance(v, type(functools)):
-                out.extend(_callables(v, depth + 1))
-    return out
-
-
 def step_libraries(compiled: Any) -> list[str]:
     """The modules a run's steps load on a worker: each step function's module (unless it is
     ``__main__`` or shipped by value), the modules its globals name, and the modules its
@@ -92,31 +68,27 @@ def step_libraries(compiled: Any) -> list[str]:
 
     import cloudpickle
 
+    from ..tracebacks import step_functions
+
     by_value = set(cloudpickle.list_registry_pickle_by_value())
     mods: set[str] = set()
-    seen: set[int] = set()
-    tasks = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
-    for task in tasks:
-        for fn in _callables(getattr(task, "func", None)):
-            if fn is None or id(fn) in seen:
-                continue
-            seen.add(id(fn))
-            module = getattr(fn, "__module__", None)
-            if isinstance(module, str) and module not in ("__main__", "__mp_main__") and module not in by_value:
-                mods.add(module)
-            glb = getattr(fn, "__globals__", {}) or {}
-            code = getattr(fn, "__code__", None)
-            codes = [code] if code is not None else []
-            while codes:
-                c = codes.pop()
-                for name in c.co_names:
-                    v = glb.get(name)
-                    if isinstance(v, types.ModuleType):
-                        mods.add(v.__name__)
-                for ins in dis.get_instructions(c):
-                    if ins.opname == "IMPORT_NAME" and isinstance(ins.argval, str):
-                        mods.add(ins.argval)
-                codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    for fn in step_functions(compiled):
+        module = getattr(fn, "__module__", None)
+        if isinstance(module, str) and module not in ("__main__", "__mp_main__") and module not in by_value:
+            mods.add(module)
+        glb = getattr(fn, "__globals__", {}) or {}
+        code = getattr(fn, "__code__", None)
+        codes = [code] if code is not None else []
+        while codes:
+            c = codes.pop()
+            for name in c.co_names:
+                v = glb.get(name)
+                if isinstance(v, types.ModuleType):
+                    mods.add(v.__name__)
+            for ins in dis.get_instructions(c):
+                if ins.opname == "IMPORT_NAME" and isinstance(ins.argval, str):
+                    mods.add(ins.argval)
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return sorted(m for m in mods if m and not m.startswith("."))
 
 

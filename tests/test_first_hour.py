@@ -152,3 +152,18 @@ def test_failed_run_still_writes_json_and_report_with_every_branch_error(tmp_pat
     assert 3 <= out.stderr.count("Compute Failed: step") <= 6
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "The run failed" in html and "bad c=50" in html
+
+
+def test_tight_memory_budget_ends_with_a_clear_error_instead_of_pausing_forever(tmp_path):
+    # the issue's exploration (a DataFrame, 3 cleanings x feature selection x 2 model families,
+    # choose(k=3), a test step) with the budget that made its workers pause forever: the
+    # workers' idle memory, measured with scikit-learn and pandas loaded, leaves no room
+    f = tmp_path / "frames.py"
+    f.write_text("from tests.frame_steps import digits_exploration\noutput = digits_exploration(copies=1)\n")
+    out = _quiver(tmp_path, str(f), "--memory-budget", "500MiB", "--stall-timeout", "30")
+    assert out.returncode == 1, out.stdout[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    # each worker's 250 MiB is less than importing pandas and scikit-learn takes (the nanny
+    # restarts the worker), so the run stops there and says so
+    assert last.startswith("quiver: error: a worker died while loading the libraries the steps use (")
+    assert "pandas" in last and "sklearn" in last and "raise memory_budget or use fewer workers" in last

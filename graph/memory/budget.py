@@ -122,8 +122,15 @@ def measure_baseline(
     if modules:
         try:
             client.run(_import_modules, list(modules))
-        except Exception:  # a worker went away meanwhile: measure what is there
-            pass
+        except Exception as exc:  # a worker died loading them: most often its nanny, for memory
+            limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+            limit = f" (memory limit {format_bytes(min(limits))} each)" if limits and min(limits) else ""
+            libs = ", ".join(sorted({m.split(".")[0] for m in modules}))
+            raise RunError(
+                f"a worker died while loading the libraries the steps use ({libs}){limit}: "
+                f"{type(exc).__name__}. Loading them alone needs more than a worker's share of the memory "
+                "budget; raise memory_budget or use fewer workers."
+            ) from None
     rss = client.run(_rss)
     if not rss:  # e.g. workers restarting after a nanny killed them
         try:

@@ -233,6 +233,7 @@ def execute(
     disk_bandwidth: Any = None,
     on_metric_error: str = "stop",
     on_driver: Callable[[ExplorationDriver], Any] | None = None,
+    stall_timeout: float | None = None,
 ) -> RunRecord:
     """Run ``compiled`` on ``client`` and return a :class:`RunRecord`.
 
@@ -248,6 +249,8 @@ def execute(
     (e.g. a watchdog that may call ``driver.abort(RunError(...))`` from its own thread); if
     it returns an object with ``close()`` (or ``cancel()``, e.g. a ``threading.Timer``), that is
     called when the run ends.
+    ``stall_timeout``: seconds without progress (workers paused or gone, the scheduler silent)
+    before the run stops with a ``RunError`` (``graph.watchdog``; ``None``/0: never).
     """
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
@@ -266,6 +269,7 @@ def execute(
     budgeted = None
     watcher = None
     snap: dict = {}
+    sampler = None
     try:
         budgeted = BudgetedRun(client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth)
         driver = ExplorationDriver(
@@ -273,6 +277,13 @@ def execute(
         )
         if on_driver is not None:
             watcher = on_driver(driver)
+        if stall_timeout:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
+            from .watchdog import Sampler
+
+            sampler = Sampler(
+                client, lambda reason: driver.abort(RunError(reason)), stall_timeout,
+                progress=lambda: state.progress()["tasks_done"],
+            ).start()
 
         def snapshot() -> dict:
             return client.run_on_scheduler(snapshot_on_scheduler, name=monitor.name)
@@ -310,6 +321,8 @@ def execute(
         if stop is not None:
             stop()
         watch.close()
+        if sampler is not None:  # graph/watchdog.py
+            sampler.stop()
         if budgeted is not None:
             budgeted.close()
         bar.close()

@@ -24,11 +24,21 @@ def run_node(
     order: str = "depth-first",
     disk_bandwidth: Any = None,
     on_metric_error: str = "stop",
+    stall_timeout: float | None = None,
 ) -> Result:
     import graph
     from graph.cluster import connect
     from graph.executor import execute
+    from graph.tracebacks import restore_table
 
+    from graph.watchdog import DEFAULT_STALL_TIMEOUT
+
+    if stall_timeout is None:
+        stall_timeout = DEFAULT_STALL_TIMEOUT
+    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout < 0:
+        raise graph.PipelineError(
+            f"stall_timeout must be seconds (a number >= 0; 0 turns the watchdog off), not {stall_timeout!r}"
+        )
     if order not in ("depth-first", "dask"):
         raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
     if on_metric_error not in ("stop", "continue"):
@@ -69,18 +79,25 @@ def run_node(
         memory_limit=memory_limit,
         quiet=quiet,
     ) as c:
-        record = execute(
-            compiled,
-            c,
-            progress=progress,
-            raise_if_all_failed=raise_if_all_failed,
-            store=store,
-            memory_budget=memory_budget,
-            sample_sizes=sample_sizes,
-            order=order,
-            disk_bandwidth=disk_bandwidth,
-            on_metric_error=on_metric_error,
-        )
+        try:
+            record = execute(
+                compiled,
+                c,
+                progress=progress,
+                raise_if_all_failed=raise_if_all_failed,
+                store=store,
+                memory_budget=memory_budget,
+                sample_sizes=sample_sizes,
+                order=order,
+                disk_bandwidth=disk_bandwidth,
+                stall_timeout=stall_timeout,
+                on_metric_error=on_metric_error,
+            )
+        except graph.RunError as exc:
+            exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+            restore_table(exc.table, compiled)
+            raise
+    restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None
     else:

@@ -22,7 +22,7 @@ from .plan import SPILL_FRACTION, MemoryPlan, plan_memory
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 
-__all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "spill_counters"]
+__all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "spill_counters", "step_libraries"]
 
 
 def worker_limits(budget: Any, workers: int) -> int:
@@ -49,13 +49,89 @@ def _rss(dask_worker: Any = None) -> int:
     return max(rss - held, 0)
 
 
-def measure_baseline(client: Any, ceiling: int | None = None, patience: float = 5.0) -> tuple[int, int]:
+def step_libraries(compiled: Any) -> list[str]:
+    """The modules a run's steps load on a worker: each step function's module (unless it is
+    ``__main__`` or shipped by value), the modules its globals name, and the modules its
+    code imports (``import x`` / ``from x import y`` inside the function, nested code too).
+
+    >>> def step(df):
+    ...     import json
+    ...     from xml.dom import minidom
+    ...     return df
+    >>> class C:
+    ...     graph = {"s-1": type("T", (), {"func": step})()}
+    ...     metric_graph = {}
+    >>> [m for m in step_libraries(C) if m in ("json", "xml.dom")]
+    ['json', 'xml.dom']
+    """
+    import dis
+    import types
+
+    import cloudpickle
+
+    from ..tracebacks import step_functions
+
+    by_value = set(cloudpickle.list_registry_pickle_by_value())
+    mods: set[str] = set()
+    for fn in step_functions(compiled):
+        module = getattr(fn, "__module__", None)
+        if isinstance(module, str) and module not in ("__main__", "__mp_main__") and module not in by_value:
+            mods.add(module)
+        glb = getattr(fn, "__globals__", {}) or {}
+        code = getattr(fn, "__code__", None)
+        codes = [code] if code is not None else []
+        while codes:
+            c = codes.pop()
+            for name in c.co_names:
+                v = glb.get(name)
+                if isinstance(v, types.ModuleType):
+                    mods.add(v.__name__)
+            for ins in dis.get_instructions(c):
+                if ins.opname == "IMPORT_NAME" and isinstance(ins.argval, str):
+                    mods.add(ins.argval)
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return sorted(m for m in mods if m and not m.startswith("."))
+
+
+def _import_modules(modules: list) -> list:
+    """On a worker: import ``modules`` (those it cannot import are skipped); return those imported."""
+    import importlib
+
+    done = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+            done.append(m)
+        except Exception:  # a module only the client has, or a relative import: not ours to fix here
+            pass
+    return done
+
+
+def measure_baseline(
+    client: Any, ceiling: int | None = None, patience: float = 5.0, modules: Any = ()
+) -> tuple[int, int]:
     """(number of workers, memory of the largest worker process apart from the results it
     holds, plus a 15% margin).  Above ``ceiling`` it measures again for up to ``patience``
     seconds, keeping each worker's lowest reading: memory a previous run freed a moment ago
-    is not an idle worker's."""
+    is not an idle worker's.
+
+    ``modules`` (:func:`step_libraries`): imported on every worker first, so the idle memory
+    includes the libraries the run's steps load (pandas, scikit-learn, torch: often more than
+    the bare worker), and does not depend on what an earlier run happened to import."""
     import time
 
+    if modules:
+        try:
+            client.run(_import_modules, list(modules))
+        except Exception as exc:  # a worker died loading them: most often its nanny, for memory
+            limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+            limit = f" (memory limit {format_bytes(min(limits))} each)" if limits and min(limits) else ""
+            libs = ", ".join(sorted({m.split(".")[0] for m in modules}))
+            raise RunError(
+                f"a worker died while loading the libraries the steps use ({libs}){limit}: "
+                f"{type(exc).__name__}. Loading them alone needs more than a worker's share of the memory "
+                "budget; raise memory_budget or use fewer workers."
+            ) from None
     rss = client.run(_rss)
     if not rss:  # e.g. workers restarting after a nanny killed them
         try:
@@ -171,7 +247,9 @@ class BudgetedRun:
         if self.budget is None:
             return frozenset()
         n = len(client.scheduler_info().get("workers", {})) or 1
-        workers, baseline = measure_baseline(client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2)
+        workers, baseline = measure_baseline(  # idle memory with the steps' libraries loaded
+            client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2, modules=step_libraries(compiled)
+        )
         self.planned_with = (workers, baseline)
         if self.disk_bandwidth is None:
             self.disk_bandwidth = measure_disk_bandwidth(client)
@@ -279,6 +357,9 @@ class BudgetedRun:
                 out["steps_over_worker_share"] = sorted({step_of(k) for k in self.too_big})
             measured = {k: n for k, n in snap.get("nbytes", {}).items() if k in compiled.graph}
             out["measured_result_bytes"] = sum(measured.values())
+            from .plan import compare_with_run  # predicted vs measured, and why they differ
+
+            out.update(compare_with_run(self.plan, {**snap, "spilled_bytes": out["spilled_bytes"]}))
         return out
 
 

@@ -290,3 +290,61 @@ def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run()
     view = plugin.training_view(plugin.training["train-0"])
     assert view["run"] == "r5" and view["branches"] == [0]
     assert [e["accuracy"] for e in view["epochs"]] == [0.5]  # the rerun's curve only
+
+
+def test_live_updates_cost_a_bounded_share_of_the_run_and_send_only_changes():
+    """Reading every branch's state is O(branches): after a read that took t seconds the
+    publisher waits t / share before the next (a fake clock: no timing in the test)."""
+    from types import SimpleNamespace
+
+    import graph.dashboard.protocol as events
+
+    now = [100.0]
+    reads = []
+    rows = [{"id": 0, "status": "running", "metrics": {}, "error": None},
+            {"id": 1, "status": "waiting", "metrics": {}, "error": None}]
+
+    def live(ex):  # one read of the branch states "takes" 1 s of the fake clock
+        reads.append(now[0])
+        now[0] += 1.0
+        return [dict(r) for r in rows]
+
+    fake = FakeClient()
+    compiled = SimpleNamespace(branches=[object(), object()])
+    pub = events.ExplorationPublisher(fake, "r", compiled, interval=0.5, share=0.05, clock=lambda: now[0])
+    pub.live = live
+    ex = SimpleNamespace(finished={"a"}, errored=set())
+    pub.update(ex)
+    assert len(reads) == 1 and [m["branches"] for _, m in fake.events] == [rows]
+    now[0] += 10.0  # 11 s after a 1 s read: below 1 / 0.05 = 20 s, not read again
+    rows[1]["status"] = "running"
+    pub.update(ex)
+    assert len(reads) == 1
+    now[0] += 10.0
+    pub.update(ex)
+    assert len(reads) == 2
+    assert fake.events[-1][1]["branches"] == [rows[1]]  # only the branch that changed
+    assert "tasks_submitted" not in fake.events[-1][1]  # nothing reads it: not sent
+    pub.update(ex, force=True)  # a forced update always reads, and sends nothing when nothing changed
+    assert len(reads) == 3 and len(fake.events) == 2
+
+
+def test_a_runs_record_shares_what_its_branches_have_in_common():
+    """Events arrive deserialized (one string object per occurrence); the plugin keeps one object
+    per distinct key, choice and label, so a 4,000-branch run does not hold 4,000 copies of each."""
+    import pickle
+
+    from graph.dashboard import QuiverDashboard
+    from graph.dashboard.protocol import EXPLORATION_TOPIC
+
+    msg = {"kind": "start", "run": "r", "branches": [
+        {"id": i, "key": f"fit-{i}", "choices": [["scaler", "standard", {}], ["model", "svc", {"C": i}]],
+         "lineage": ["load-0", "standard-0", f"fit-{i}"], "gates": []} for i in range(3)]}
+    plugin = QuiverDashboard()
+    plugin.log_event(EXPLORATION_TOPIC, pickle.loads(pickle.dumps(msg)))
+    a, b = plugin.runs["r"]["branches"][:2]
+    assert a["lineage"][0] is b["lineage"][0] and a["lineage"][1] is b["lineage"][1]
+    assert a["choices"]["scaler"] is b["choices"]["scaler"] == "standard"
+    assert a["choices"]["model"] == "svc(C=0)" and b["params"] == {"model.C": 1}
+    assert plugin.branches_of("standard-0") == [("r", 0), ("r", 1), ("r", 2)]
+    assert plugin.branches_of("fit-2") == [("r", 2)]

@@ -128,11 +128,19 @@ class ExplorationPublisher:
     False
     """
 
-    def __init__(self, client: Any, run_id: str, compiled: Any, *, interval: float = 0.5):
+    def __init__(
+        self, client: Any, run_id: str, compiled: Any, *, interval: float = 0.5, share: float = 0.02, clock: Any = None
+    ):
         self.client = client
         self.run_id = run_id
         self.compiled = compiled
-        self.interval = interval
+        self.interval = interval  # the shortest gap between two updates, in seconds
+        # Reading every branch's state costs O(branches) on the client, which shares the cores
+        # with the scheduler and the workers: after an update that took t seconds the next one
+        # waits at least t / share, so publishing stays below ``share`` of the run's time.
+        self.share = share
+        self.clock = clock or time.perf_counter
+        self._gap = interval
         self.enabled = client is not None and compiled is not None
         self.detailed = self.enabled and len(compiled.branches) <= MAX_PUBLISHED_BRANCHES
         self._sent: dict[int, tuple] = {}
@@ -212,10 +220,9 @@ class ExplorationPublisher:
         """Send the branches that changed since the last update (at most every ``interval`` s)."""
         if not self.enabled or not self.detailed:
             return
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        now = self.clock()
+        if not force and now - self._last < self._gap:
             return
-        self._last = now
         try:
             rows = self.live(ex)
         except Exception as exc:
@@ -234,9 +241,10 @@ class ExplorationPublisher:
                     "run": self.run_id,
                     "branches": changed,
                     "tasks_done": len(ex.finished | ex.errored),
-                    "tasks_submitted": len(ex.submitted),
                 }
             )
+        self._last = self.clock()
+        self._gap = max(self.interval, (self._last - now) / self.share)
 
     def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
         """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""

@@ -20,7 +20,7 @@ The decisions are pure functions of literal inputs:
 and a thin layer talks to the cluster: :class:`ReplicateShared` (a ``SchedulerPlugin``),
 installed for one run by :func:`install` and removed by :func:`remove`.  The driver calls
 ``name = install(client, compiled)`` after compiling and before its first submission, and
-``remove(client, name)`` when the run ends (see ``docs/architecture.md``, scheduling).
+``remove(client, name)`` when the run ends (``docs/architecture.md`` §4, scheduling).
 """
 
 from __future__ import annotations

@@ -220,14 +220,17 @@ BRANCH_LIMIT = 100_000
 
 def branch_limit(environ: Any = None) -> int | None:
     """The branch cap in force: ``QUIVER_BRANCH_LIMIT`` in ``environ`` (default ``os.environ``)
-    if set, else :data:`BRANCH_LIMIT`.
+    if set, else :data:`BRANCH_LIMIT`; ``None`` means no limit.
 
-    >>> branch_limit({}), branch_limit({"QUIVER_BRANCH_LIMIT": "10"}), branch_limit({"QUIVER_BRANCH_LIMIT": "none"})
-    (100000, 10, None)
+    >>> branch_limit({}) == BRANCH_LIMIT
+    True
+    >>> branch_limit({"QUIVER_BRANCH_LIMIT": "2_500"}), branch_limit({"QUIVER_BRANCH_LIMIT": "none"})
+    (2500, None)
     """
     import os
 
-    raw = (os.environ if environ is None else environ).get("QUIVER_BRANCH_LIMIT", "").strip().replace("_", "")
+    env = os.environ if environ is None else environ
+    raw = env.get("QUIVER_BRANCH_LIMIT", "").strip().replace("_", "")
     if not raw:
         return BRANCH_LIMIT
     if raw.lower() in ("0", "none", "off"):

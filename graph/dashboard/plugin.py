@@ -87,7 +87,6 @@ class QuiverDashboard(SchedulerPlugin):
         self.max_runs = max_runs
         self.runs: OrderedDict[str, dict] = OrderedDict()
         self.training: OrderedDict[str, dict] = OrderedDict()
-        self.key_index: dict[str, dict[str, list[int]]] = {}  # task key -> run -> branch ids
         self.version = 0
         self.scheduler = None
 
@@ -117,17 +116,21 @@ class QuiverDashboard(SchedulerPlugin):
     def _exploration(self, msg: dict) -> None:
         kind, run_id = msg.get("kind"), msg.get("run")
         if kind == "start":
+            # Thousands of branches share their choices, labels and upstream keys: one string
+            # object per distinct value (``share``) keeps a run's record near 1 KB per branch.
+            shared: dict = {}
+            share = lambda v: shared.setdefault(v, v)  # noqa: E731
             branches = []
             for b in msg.get("branches", ()):
-                choices = [(c[0], c[1], c[2] or {}) for c in b.get("choices", ())]
+                choices = [(share(c[0]), share(c[1]), c[2] or {}) for c in b.get("choices", ())]
                 branches.append(
                     {
                         "id": b["id"],
-                        "key": b.get("key"),
-                        "choices": {name: _choice_text(label, params) for name, label, params in choices},
+                        "key": share(b.get("key")),
+                        "choices": {name: share(_choice_text(label, params)) for name, label, params in choices},
                         "labels": {name: label for name, label, _ in choices},
-                        "params": {f"{name}.{p}": v for name, _, params in choices for p, v in params.items()},
-                        "lineage": list(b.get("lineage", ())),
+                        "params": {share(f"{name}.{p}"): v for name, _, params in choices for p, v in params.items()},
+                        "lineage": [share(k) for k in b.get("lineage", ())],
                         "gates": b.get("gates", []),
                         "status": "waiting",
                         "metrics": {},
@@ -135,10 +138,10 @@ class QuiverDashboard(SchedulerPlugin):
                         "error": None,
                     }
                 )
-                for key in b.get("lineage", ()):
-                    self.key_index.setdefault(key, {}).setdefault(run_id, []).append(b["id"])
-                    # a rerun of the same pipeline reuses the training step's key: its curves
-                    # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
+            if self.training:
+                # a rerun of the same pipeline reuses the training step's key: its curves
+                # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
+                for key in {k for b in branches for k in b["lineage"]}:
                     self.training.pop(key, None)
             self.runs[run_id] = {
                 "run": run_id,
@@ -155,15 +158,10 @@ class QuiverDashboard(SchedulerPlugin):
                 "tasks_done": 0,
                 "stats": {},
                 "error": None,
+                "key_index": None,  # task key -> branch ids, built when a training page asks (branches_of)
             }
             while len(self.runs) > self.max_runs:
-                old_id, old = self.runs.popitem(last=False)
-                for key in {k for b in old["branches"] for k in b["lineage"]}:
-                    runs = self.key_index.get(key)
-                    if runs is not None:
-                        runs.pop(old_id, None)
-                        if not runs:
-                            del self.key_index[key]
+                self.runs.popitem(last=False)
         elif kind in ("update", "end"):
             run = self.runs.get(run_id)
             if run is None:
@@ -253,7 +251,16 @@ class QuiverDashboard(SchedulerPlugin):
 
     def branches_of(self, task: str) -> list[tuple[str, int]]:
         """``(run, branch id)`` of every branch whose path contains the task ``task``, oldest run first."""
-        return [(run, i) for run, ids in self.key_index.get(task, {}).items() for i in ids]
+        out = []
+        for run_id, run in self.runs.items():
+            index = run.get("key_index")
+            if index is None:  # built once per run, and only when asked: a run without training never pays
+                index = run["key_index"] = {}
+                for b in run["branches"]:
+                    for key in b["lineage"]:
+                        index.setdefault(key, []).append(b["id"])
+            out.extend((run_id, i) for i in index.get(task, ()))
+        return out
 
     def run_view(self, run: dict) -> dict:
         branches = []

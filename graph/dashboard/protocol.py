@@ -135,6 +135,8 @@ class ExplorationPublisher:
         compiled: Any,
         *,
         interval: float = 0.5,
+        share: float = 0.02,
+        clock: Any = None,
         naive_tasks: int | None = None,
         unique_tasks: int | None = None,
     ):
@@ -144,7 +146,13 @@ class ExplorationPublisher:
         self.unique_tasks = unique_tasks if unique_tasks is not None else (compiled.unique_tasks if compiled else 0)
         self.run_id = run_id
         self.compiled = compiled
-        self.interval = interval
+        self.interval = interval  # the shortest gap between two updates, in seconds
+        # Reading every branch's state costs O(branches) on the client, which shares the cores
+        # with the scheduler and the workers: after an update that took t seconds the next one
+        # waits at least t / share, so publishing stays below ``share`` of the run's time.
+        self.share = share
+        self.clock = clock or time.perf_counter
+        self._gap = interval
         self.enabled = client is not None and compiled is not None
         self.detailed = self.enabled and len(compiled.branches) <= MAX_PUBLISHED_BRANCHES
         self._pending: dict[int, dict] = {}
@@ -191,7 +199,7 @@ class ExplorationPublisher:
 
     def due(self) -> bool:
         """Whether an update would be sent now (at most every ``interval`` s)."""
-        return self.enabled and self.detailed and time.monotonic() - self._last >= self.interval
+        return self.enabled and self.detailed and self.clock() - self._last >= self._gap
 
     def update(self, branches: Any = (), tasks_done: int | None = None, force: bool = False) -> None:
         """Queue changed branches (``(id, status, metrics, error)`` rows, what the state machine's
@@ -202,12 +210,13 @@ class ExplorationPublisher:
             self._pending[i] = {"id": i, "status": status, "metrics": jsonable(metrics), "error": error}
         if tasks_done is not None:
             self._tasks_done = tasks_done
-        now = time.monotonic()
-        if not self._pending or (not force and now - self._last < self.interval):
+        now = self.clock()
+        if not self._pending or (not force and now - self._last < self._gap):
             return
-        self._last = now
         changed, self._pending = list(self._pending.values()), {}
         self._send({"kind": "update", "run": self.run_id, "branches": changed, "tasks_done": self._tasks_done})
+        self._last = self.clock()
+        self._gap = max(self.interval, (self._last - now) / self.share)
 
     def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
         """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""

@@ -9,11 +9,14 @@ wrapped in :class:`Iterative`:
   stream to the scheduler, which forwards it to the subscribed client): the report's
   scalar entries, the task key, the iteration (reports made, from 1), the worker and an
   attempt id;
-* at a rung of the choose's ``PruneSpec`` the step waits for the run's answer, a
-  ``distributed.Variable`` named :func:`gate_name` ``(key, iteration)`` that the client sets
-  to ``"continue"`` or ``"stop"``.  The answer lives on the scheduler, so a generator that
-  Dask restarts after its worker died finds every answer already given when it replays
-  (it never waits twice for one rung, and never gets a different answer);
+* at a rung of the choose's ``PruneSpec`` the step waits for the run's answer: the client
+  sets a ``distributed.Variable`` named :func:`gate_name` ``(key, iteration)`` to
+  ``"continue"`` or ``"stop"``, then the ``distributed.Event`` of the same name; the step
+  waits on the event (``Event.wait`` with a timeout returns ``False``, where a timed-out
+  ``Variable.get`` would log an error on the scheduler each time) and reads the variable.
+  Both live on the scheduler, so a generator that Dask restarts after its worker died
+  finds every answer already given when it replays (it never waits twice for one rung, and
+  never gets a different answer);
 * on ``"stop"`` the generator is closed (its ``finally`` runs) and the task returns
   :class:`Pruned` at once, freeing its worker thread for the next task;
 * between iterations, a task the run has cancelled (its future released) closes its
@@ -144,15 +147,15 @@ class _Task:
         """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled)."""
         if not self.live:
             return CONTINUE
-        from distributed import Variable, get_client
+        from distributed import Event, Variable, get_client
 
-        var = Variable(gate_name(str(self.key), iteration), client=get_client())
-        while True:
-            try:
-                return var.get(timeout=GATE_POLL_S)
-            except TimeoutError:
-                if self.cancelled():
-                    return STOP
+        client = get_client()
+        name = gate_name(str(self.key), iteration)
+        answered = Event(name, client=client)
+        while not answered.wait(timeout=GATE_POLL_S):
+            if self.cancelled():
+                return STOP
+        return Variable(name, client=client).get()
 
 
 class Iterative:
@@ -272,7 +275,7 @@ class ReportChannel:
         self._answers.put((gate_name(key, iteration), STOP))
 
     def _send_answers(self) -> None:
-        from distributed import Variable
+        from distributed import Event, Variable
 
         while True:
             item = self._answers.get()
@@ -281,6 +284,7 @@ class ReportChannel:
             name, value = item
             try:
                 Variable(name, client=self.client).set(value)
+                Event(name, client=self.client).set()
                 self._given.append(name)
             except Exception as exc:  # the cluster is going away: nothing waits any more
                 logger.debug("quiver: cannot answer %s: %s", name, exc)
@@ -296,11 +300,12 @@ class ReportChannel:
             pass
         self._answers.put(None)
         self._sender.join()
-        from distributed import Variable
+        from distributed import Event, Variable
 
         for name in self._given:
             try:
                 Variable(name, client=self.client).delete()
+                Event(name, client=self.client).clear()
             except Exception:
                 pass
 

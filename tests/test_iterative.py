@@ -1,0 +1,180 @@
+"""Iterative steps on a real LocalCluster with worker processes (graph.iterative).
+
+Every ordering here is proven by evidence the steps leave (files, start order), never by
+timing: a step that waits for a file only the test writes after it saw a report proves the
+report arrived while the step ran; a task that starts on the same one-thread worker and
+finds the stopped generator's ``finally`` file proves the worker was freed by the stop.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from graph.iterative import Iterative, Pruned, ReportChannel
+from graph.pruning import Halving, Stop
+from graph.spec import PruneSpec
+
+WAIT = 120  # seconds before a test gives up waiting for an event (a hang, not a timing check)
+
+
+# ---- steps (run on the workers) ----------------------------------------------------------------
+def wait_for(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def counting(n: int, hold_at: int, gate: str):
+    """Reports 1..n; after report ``hold_at`` it waits until the test writes ``gate``."""
+    for i in range(1, n + 1):
+        yield {"i": i, "score": float(i)}
+        if i == hold_at:
+            wait_for(gate)
+    return {"done": n}
+
+
+def endless(name: str, log_dir: str, curve: tuple = ()):
+    """Reports forever (a score from ``curve``, then 0); its ``finally`` leaves a file."""
+    i = 0
+    try:
+        while True:
+            i += 1
+            yield {"score": curve[i - 1] if i <= len(curve) else 0.0}
+            time.sleep(0.005)
+    finally:
+        Path(log_dir, f"{name}.closed").write_text(str(i))
+
+
+def starts(name: str, log_dir: str, closed: str) -> dict:
+    """A plain task: records that it started and whether ``closed`` existed by then."""
+    seen = os.path.exists(Path(log_dir, closed))
+    Path(log_dir, f"{name}.started").write_text(str(seen))
+    return {"saw_closed": seen}
+
+
+def restartable(log_dir: str, n: int):
+    """Reports 1..n; its first attempt hangs after report 3 (the test kills its worker)."""
+    attempt = len(list(Path(log_dir).glob("attempt-*"))) + 1
+    Path(log_dir, f"attempt-{attempt}").write_text(str(os.getpid()))
+    for i in range(1, n + 1):
+        yield {"score": 1.0 / i}
+        if i == 3 and attempt == 1:
+            wait_for(os.path.join(log_dir, "never"))
+    return {"score": 1.0 / n, "attempt": attempt}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+class Driver:
+    """What the run's state machine does with reports, reduced to the test's needs."""
+
+    def __init__(self, client, prune: PruneSpec | None = None, branches: dict | None = None):
+        self.events: queue.Queue = queue.Queue()
+        self.log: list[tuple] = []
+        self.halving = Halving(prune) if prune else None
+        self.branches = branches or {}
+        self.channel = ReportChannel(client, lambda key, i, report: self.events.put((key, i, report)))
+
+    def next(self) -> tuple:
+        key, i, report = self.events.get(timeout=WAIT)
+        self.log.append((key, i, report))
+        if self.halving is not None and self.halving.prune.rung_of(i) is not None:
+            decision = self.halving.report(self.branches.get(key, 0), None, i, report["score"])
+            if isinstance(decision, Stop) and decision.pruned:
+                self.channel.stop(key, i)
+            else:
+                self.channel.resume(key, i)
+        return key, i, report
+
+    def until(self, key: str, iteration: int) -> None:
+        while (key, iteration) not in [(k, i) for k, i, _ in self.log]:
+            self.next()
+
+
+def worker_addresses(client) -> list[str]:
+    return sorted(client.scheduler_info()["workers"])
+
+
+# ---- tests -------------------------------------------------------------------------------------------
+def test_reports_arrive_in_order_while_the_step_runs(client, log_dir):
+    gate = os.path.join(log_dir, "gate")
+    driver = Driver(client)
+    try:
+        fut = client.submit(Iterative(counting), 5, 3, gate, key="counting-1", pure=False)
+        driver.until("counting-1", 3)  # the step cannot finish before the test writes the gate
+        assert not fut.done()
+        Path(gate).write_text("go")
+        assert fut.result(timeout=WAIT) == {"done": 5}
+        driver.until("counting-1", 5)
+    finally:
+        driver.channel.close()
+    assert [(k, i, r["i"]) for k, i, r in driver.log] == [("counting-1", i, i) for i in range(1, 6)]
+    assert driver.channel.replayed == 0
+
+
+def test_a_stop_at_a_rung_closes_the_generator_and_frees_its_worker(client, log_dir):
+    w = worker_addresses(client)[0]
+    prune = PruneSpec(factor=2, min_iter=1)  # rungs at 1, 2, 4, 8, ...
+    # branch 0 scores 1.0 at rung 1; branch 1 arrives second with 0.5: top max(1, 2 // 2) = 1 -> pruned
+    driver = Driver(client, prune, {"best": 0, "loser": 1})
+    try:
+        best = client.submit(Iterative(endless, prune), "best", log_dir, (1.0, 1.0), key="best", workers=[w], pure=False)
+        driver.until("best", 1)
+        # queued behind best on the same one-thread worker, loser first (explicit priorities)
+        loser = client.submit(Iterative(endless, prune), "loser", log_dir, (0.5,), key="loser", workers=[w],
+                              pure=False, priority=1)
+        after = client.submit(starts, "after", log_dir, "loser.closed", key="after", workers=[w], pure=False)
+        assert driver.halving.stopped(0) is None
+        driver.until("best", 2)  # best waits at rung 2 for its answer; resumed by the driver
+        # best is endless: stop it by cancelling its task (the run's other way to stop a step)
+        best.cancel()
+        driver.until("loser", 1)  # rung 1, second there, worse: the driver stops it
+        result = loser.result(timeout=WAIT)
+        assert after.result(timeout=WAIT) == {"saw_closed": True}
+    finally:
+        driver.channel.close()
+    assert result == Pruned(1, {"score": 0.5})
+    assert Path(log_dir, "loser.closed").read_text() == "1"  # closed at its first report
+    assert Path(log_dir, "best.closed").exists()  # the cancelled one was closed too
+    assert driver.halving.stopped(1) == Stop(0, 1)
+    assert [(k, i) for k, i, _ in driver.log if k == "loser"] == [("loser", 1)]
+
+
+def test_max_iter_closes_the_generator_and_returns_the_last_report(client, log_dir):
+    prune = PruneSpec(factor=2, min_iter=1, max_iter=3)
+    driver = Driver(client, prune)
+    try:
+        fut = client.submit(Iterative(endless, prune), "capped", log_dir, (3.0, 2.0, 1.0), key="capped", pure=False)
+        driver.until("capped", 3)  # answers rungs 1 and 2 (the step waits there)
+        assert fut.result(timeout=WAIT) == {"score": 1.0}
+    finally:
+        driver.channel.close()
+    assert Path(log_dir, "capped.closed").read_text() == "3"
+    assert [i for _, i, _ in driver.log] == [1, 2, 3]
+
+
+def test_a_step_restarted_after_its_worker_was_killed_replays_without_double_counting(log_dir):
+    from distributed import Client, LocalCluster
+
+    prune = PruneSpec(factor=2, min_iter=1)  # rungs 1, 2, 4
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        driver = Driver(c, prune, {"restartable-1": 0})
+        try:
+            fut = c.submit(Iterative(restartable, prune), log_dir, 5, key="restartable-1", pure=False)
+            driver.until("restartable-1", 3)  # the first attempt now hangs after report 3
+            pid = int(Path(log_dir, "attempt-1").read_text())
+            assert pid in c.run(os.getpid).values()  # a worker process this test's cluster started
+            os.kill(pid, signal.SIGKILL)
+            driver.until("restartable-1", 5)  # the driver answers rung 4 (rungs 1, 2: answered before)
+            assert fut.result(timeout=WAIT) == {"score": 0.2, "attempt": 2}
+        finally:
+            driver.channel.close()
+    assert [i for _, i, _ in driver.log] == [1, 2, 3, 4, 5]  # each iteration delivered once
+    assert driver.channel.replayed == 3 and len(driver.channel.attempts["restartable-1"]) == 2
+    # rung 1 and 2 counted once (n stays 1), rung 4 reached by the second attempt only
+    assert {r: [e.n for e in es] for (_, r), es in driver.halving.arrivals.items()} == {0: [1], 1: [1], 2: [1]}

@@ -65,6 +65,7 @@ __all__ = [
     "ReportChannel",
     "gate_name",
     "is_iterative",
+    "iterative_task",
 ]
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,38 @@ class Iterative:
                     return Pruned(done, dict(last))
         finally:
             gen.close()  # runs the generator's finally when it stops early (a no-op once ended)
+
+
+def iterative_task(task: Any, prune: PruneSpec | None = None) -> Any:
+    """The compiled ``dask.task_spec.Task`` of an iterative step, run by :class:`Iterative`
+    (with the rungs of ``prune``), under the same key and with the same arguments.
+
+    For the compiler: every iterative step's task is wrapped (``prune=None``: reports
+    only); a pruning choose wraps its input tasks again with its ``PruneSpec``.  Two
+    pruning chooses over one task must agree on the rule.
+
+    >>> from dask.task_spec import Task
+    >>> def fit(x, lr):
+    ...     yield {"a": x * lr}
+    >>> t = iterative_task(iterative_task(Task("fit-1", fit, 2, lr=0.5)), PruneSpec(3, 1))
+    >>> t.key, t.func, t.args, t.kwargs
+    ('fit-1', Iterative(fit, prune=PruneSpec(factor=3, min_iter=1, max_iter=None)), (2,), {'lr': 0.5})
+    >>> t({})
+    {'a': 1.0}
+    """
+    from dask.task_spec import Task
+
+    fn = task.func
+    if isinstance(fn, Iterative):
+        if prune is None or fn.prune == prune:
+            return task
+        if fn.prune is not None:
+            raise ValueError(
+                f"step {fn.__name__} ({task.key}) feeds two pruning chooses with different rules "
+                f"({fn.prune} and {prune}); give them the same halving(...)"
+            )
+        fn = fn.fn
+    return Task(task.key, Iterative(fn, prune), *task.args, **task.kwargs)
 
 
 @dataclass

@@ -291,3 +291,20 @@ def test_halving_matches_the_literal_rule(scenario):
         assert len({e.branch for e in entries}) == len(entries)  # never counted twice at a rung
         assert [e.n for e in entries] == list(range(1, len(entries) + 1))
         assert entries[0].continued or math.isnan(entries[0].metric)  # the first there never waits
+
+
+def test_compiled_iterative_tasks_are_wrapped_under_their_own_keys():
+    from graph.iterative import Iterative, iterative_task
+
+    node = runs().explore("fit", grid(fit, lr=[0.1, 0.2])).choose("accuracy", prune=halving(max_iter=2))
+    c = graph.compile(node)
+    prune = c.chooses[0].spec.prune
+    wrapped = {k: iterative_task(t, prune) if k.startswith("fit-") else t for k, t in c.graph.items()}
+    assert sorted(wrapped) == sorted(c.graph)
+    assert all(isinstance(wrapped[b.key].func, Iterative) for b in c.chooses[0].inputs)
+    # run outside a cluster (no reports, rungs pass): max_iter=2 stops fit (3 epochs) at its 2nd report
+    from dask.local import get_sync
+
+    assert get_sync(wrapped, [b.key for b in c.branches]) == ({"accuracy": 0.2}, {"accuracy": 0.4})
+    with pytest.raises(ValueError, match="two pruning chooses with different rules"):
+        iterative_task(wrapped[c.chooses[0].inputs[0].key], PruneSpec(2, 1))

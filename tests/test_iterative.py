@@ -79,8 +79,8 @@ class Driver:
         self.branches = branches or {}
         self.channel = ReportChannel(client, lambda key, i, report: self.events.put((key, i, report)))
 
-    def next(self) -> tuple:
-        key, i, report = self.events.get(timeout=WAIT)
+    def next(self, timeout: float = WAIT) -> tuple:
+        key, i, report = self.events.get(timeout=timeout)
         self.log.append((key, i, report))
         if self.halving is not None and self.halving.prune.rung_of(i) is not None:
             decision = self.halving.report(self.branches.get(key, 0), None, i, report["score"])
@@ -178,3 +178,63 @@ def test_a_step_restarted_after_its_worker_was_killed_replays_without_double_cou
     assert driver.channel.replayed == 3 and len(driver.channel.attempts["restartable-1"]) == 2
     # rung 1 and 2 counted once (n stays 1), rung 4 reached by the second attempt only
     assert {r: [e.n for e in es] for (_, r), es in driver.halving.arrivals.items()} == {0: [1], 1: [1], 2: [1]}
+
+
+def scripted(name: str, log_dir: str, level: float):
+    """A branch whose metric is ``level`` plus a little per iteration; records start and close."""
+    journal = os.path.join(log_dir, "journal")
+    with open(journal, "a") as f:
+        f.write(f"start {name}\n")
+    i = 0
+    try:
+        while True:
+            i += 1
+            yield {"score": level + i / 1000}
+    finally:
+        with open(journal, "a") as f:
+            f.write(f"closed {name} {i}\n")
+
+
+def test_branches_are_pruned_at_the_rungs_the_rule_says_and_free_their_workers(client, log_dir):
+    from tests.test_pruning import literal
+
+    prune = PruneSpec(factor=3, min_iter=1, max_iter=9)  # rungs at 1 and 3; 9 reports: finished
+    levels = [0.5, 0.9, 0.2, 0.7, 0.4, 0.8, 0.1, 0.6]
+    keys = [f"scripted-{b}" for b in range(len(levels))]
+    driver = Driver(client, prune, {k: b for b, k in enumerate(keys)})
+    try:
+        futures = [
+            client.submit(Iterative(scripted, prune), k, log_dir, lv, key=k, pure=False, priority=-b)
+            for b, (k, lv) in enumerate(zip(keys, levels))
+        ]
+        while not all(f.done() for f in futures) or not driver.events.empty():
+            try:
+                driver.next(timeout=0.2)  # a poll, so the loop sees the futures finish
+            except queue.Empty:
+                pass
+        results = client.gather(futures)
+    finally:
+        driver.channel.close()
+    # decisions: the rule, replayed literally on the rung reports in the order they arrived
+    rung_reports = [(driver.branches[k], None, i, r["score"]) for k, i, r in driver.log if prune.rung_of(i) is not None]
+    expected = literal(prune, "max", rung_reports)
+    assert [driver.halving.report(*r) for r in rung_reports] == expected
+    stops = {b: a for (b, *_), a in zip(rung_reports, expected) if isinstance(a, Stop)}
+    journal = Path(log_dir, "journal").read_text().split("\n")[:-1]
+    closed = {line.split()[1]: int(line.split()[2]) for line in journal if line.startswith("closed")}
+    for b, (k, res) in enumerate(zip(keys, results)):
+        made = max(i for kk, i, _ in driver.log if kk == k)
+        if b in stops:  # pruned at its rung: made exactly that many reports, generator closed there
+            assert res == Pruned(stops[b].iteration, {"score": levels[b] + stops[b].iteration / 1000})
+            assert made == closed[k] == stops[b].iteration
+        else:  # ran to max_iter: its last report is its value
+            assert res == {"score": levels[b] + 9 / 1000} and made == closed[k] == 9
+    assert stops, "the scripted levels prune some branches"
+    # two one-thread workers: every start after the first two needs a slot a close freed
+    started = done = 0
+    for line in journal:
+        if line.startswith("start"):
+            assert started < 2 + done, journal
+            started += 1
+        else:
+            done += 1

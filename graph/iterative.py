@@ -254,8 +254,8 @@ class ReportChannel:
     ``on_report(key, iteration, report)`` is called on the client's event loop (keep it
     short: put an event on the driver's queue) for each first arrival of ``(key,
     iteration)``, in iteration order per key; ``keys`` (optional) limits it to these
-    tasks.  ``resume``/``stop`` answer a step waiting at a rung and may be called from any
-    thread; ``close`` unsubscribes and deletes the answers given.  One channel per client
+    tasks.  ``resume``/``stop`` answer a step waiting at a rung (``waiting[key]``: the
+    last rung it reported) and may be called from any thread; ``close`` unsubscribes and deletes the answers given.  One channel per client
     at a time (a client has one handler per event topic).
 
     >>> ch = ReportChannel(client, lambda key, i, report: events.put((key, i, report)))  # doctest: +SKIP
@@ -269,6 +269,7 @@ class ReportChannel:
     attempts: dict[str, list[str]] = field(default_factory=dict)  # key -> attempt ids seen
     replayed: int = 0  # reports that arrived again (a restarted step) and were not delivered
     workers: dict[str, str] = field(default_factory=dict)  # key -> worker of its latest report
+    waiting: dict[str, int] = field(default_factory=dict)  # key -> the last rung it reported
 
     def __post_init__(self) -> None:
         self._answers: queue.Queue = queue.Queue()
@@ -294,18 +295,29 @@ class ReportChannel:
             self.replayed += 1
             return
         self.delivered[key] = iteration
+        if msg.get("wait"):
+            self.waiting[key] = iteration
         try:
             self.on_report(key, iteration, msg.get("report", {}))
         except Exception:
             logger.exception("quiver: on_report failed for %s iteration %s", key, iteration)
 
-    def resume(self, key: str, iteration: int) -> None:
-        """Let the step ``key`` waiting at rung ``iteration`` go on."""
-        self._answers.put((gate_name(key, iteration), CONTINUE))
+    def resume(self, key: str, iteration: int | None = None) -> None:
+        """Let the step ``key`` waiting at rung ``iteration`` (default: the rung it reported
+        last) go on."""
+        self._answer(key, iteration, CONTINUE)
 
-    def stop(self, key: str, iteration: int) -> None:
-        """Stop the step ``key`` at rung ``iteration``: its generator is closed, it returns ``Pruned``."""
-        self._answers.put((gate_name(key, iteration), STOP))
+    def stop(self, key: str, iteration: int | None = None) -> None:
+        """Stop the step ``key`` at rung ``iteration`` (default: the rung it reported last):
+        its generator is closed and it returns ``Pruned``."""
+        self._answer(key, iteration, STOP)
+
+    def _answer(self, key: str, iteration: int | None, value: str) -> None:
+        if iteration is None:
+            iteration = self.waiting.get(key)
+            if iteration is None:
+                raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
+        self._answers.put((gate_name(key, iteration), value))
 
     def _send_answers(self) -> None:
         from distributed import Event, Variable

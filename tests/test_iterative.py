@@ -84,8 +84,9 @@ class Driver:
         self.log.append((key, i, report))
         if self.halving is not None and self.halving.prune.rung_of(i) is not None:
             decision = self.halving.report(self.branches.get(key, 0), None, i, report["score"])
+            assert self.channel.waiting[key] == i
             if isinstance(decision, Stop) and decision.pruned:
-                self.channel.stop(key, i)
+                self.channel.stop(key)  # the rung it waits at
             else:
                 self.channel.resume(key, i)
         return key, i, report
@@ -162,7 +163,7 @@ def test_a_step_restarted_after_its_worker_was_killed_replays_without_double_cou
 
     prune = PruneSpec(factor=2, min_iter=1)  # rungs 1, 2, 4
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as c:
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
         driver = Driver(c, prune, {"restartable-1": 0})
         try:
             fut = c.submit(Iterative(restartable, prune), log_dir, 5, key="restartable-1", pure=False)
@@ -238,3 +239,51 @@ def test_branches_are_pruned_at_the_rungs_the_rule_says_and_free_their_workers(c
             started += 1
         else:
             done += 1
+
+
+# ---- the wrapper alone (no cluster: no reports, rungs pass) --------------------------------------------
+def yields_a_number():
+    yield 3
+
+
+def fails_at_two(log_dir: str):
+    try:
+        yield {"score": 1.0}
+        raise RuntimeError("diverged at iteration 2")
+    finally:
+        Path(log_dir, "failed.closed").write_text("yes")
+
+
+def returns_none():
+    yield {"score": 1.0}
+    yield {"score": 2.0}
+
+
+def test_the_wrapper_refuses_non_mapping_reports_and_lets_failures_through(log_dir):
+    with pytest.raises(TypeError, match=r"yields_a_number yielded int at iteration 1; an iterative step yields one mapping"):
+        Iterative(yields_a_number)()
+    with pytest.raises(RuntimeError, match="diverged at iteration 2"):
+        Iterative(fails_at_two, PruneSpec(2, 1))(log_dir)
+    assert Path(log_dir, "failed.closed").read_text() == "yes"
+    assert Iterative(returns_none)() == {"score": 2.0}  # no return value: the last report
+    assert Iterative(returns_none, PruneSpec(2, 1, max_iter=1))() == {"score": 1.0}  # capped
+    assert Iterative(len)([1, 2]) == 2  # not a generator: returned as is
+
+
+@pytest.mark.slow
+def test_the_transport_benchmark_runs_and_records_every_transport(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "transport.json"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "report_transport.py"), "--quick", "--output", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["reports"]) == {"log_event", "queue"}
+    assert set(data["rung_answers"]) == {"event_variable (shipped)", "variable_poll", "queue_both_ways"}
+    assert data["reports"]["log_event"]["latency"]["n"] == data["args"]["reports"]  # every report arrived

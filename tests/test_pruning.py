@@ -268,7 +268,7 @@ def scenarios(draw):
     return PruneSpec(factor, min_iter, max_iter), draw(st.sampled_from(["max", "min"])), groups, curves, order, replays
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_halving_matches_the_literal_rule(scenario):
     prune, mode, groups, curves, order, replays = scenario

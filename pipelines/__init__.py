@@ -14,6 +14,7 @@ from graph.errors import PipelineError, RunError
 
 from .alternatives import grid
 from .builder import Node, Pipeline, combine
+from .pruning import halving
 from .result import Result
 
-__all__ = ["Pipeline", "Node", "grid", "combine", "Result", "PipelineError", "RunError"]
+__all__ = ["Pipeline", "Node", "grid", "combine", "halving", "Result", "PipelineError", "RunError"]

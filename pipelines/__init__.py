@@ -16,4 +16,12 @@ from .alternatives import grid
 from .builder import Node, Pipeline, combine
 from .result import Result
 
-__all__ = ["Pipeline", "Node", "grid", "combine", "Result", "PipelineError", "RunError"]
+__all__ = ["Pipeline", "Node", "grid", "combine", "Result", "PipelineError", "RunError", "from_sklearn"]
+
+
+def __getattr__(name: str):
+    if name == "from_sklearn":  # imports scikit-learn (and Dask): only when asked for
+        from .sklearn import from_sklearn
+
+        return from_sklearn
+    raise AttributeError(f"module 'pipelines' has no attribute {name!r}")

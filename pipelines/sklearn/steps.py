@@ -1,0 +1,277 @@
+"""The steps a search runs on the workers: load, split a fold, fit a level, score, summarise.
+
+A *prefix* value flows from level to level of one fold: the fold's data, the fitted steps so
+far, the training data transformed by them, the fit seconds spent, and the error text if a
+fit failed (later levels then pass it on without fitting, as scikit-learn scores a pipeline
+whose fit failed with ``error_score``).  The last level returns what scikit-learn's
+``_fit_and_score`` returns (``test_scores``, ``train_scores``, ``n_test_samples``,
+``fit_time``, ``score_time``, ``fit_error``); :func:`summarize` flattens a candidate's folds
+into table scalars (``split0_test_score``, ..., ``mean_test_score``).
+
+>>> summarize([{"test_scores": 0.5, "n_test_samples": 2, "fit_time": 0.1, "score_time": 0.0, "fit_error": None},
+...            {"test_scores": 1.0, "n_test_samples": 2, "fit_time": 0.2, "score_time": 0.0, "fit_error": None}],
+...           error_score=0.0)["mean_test_score"]
+0.75
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from typing import Any
+
+from .tokens import Est, estimator_token, param_token, unwrap
+
+__all__ = ["load_data", "split_fold", "LevelStep", "FinalConfig", "collect_folds", "summarize", "MeanTest", "FitFailed"]
+
+PASSTHROUGH = (None, "passthrough")
+
+
+class FitFailed(RuntimeError):
+    """A candidate's fit failed on a worker with ``error_score='raise'`` (the text is its traceback)."""
+
+
+def load_data(*, X: Any, y: Any, fit_params: dict, score_params: dict) -> dict:
+    """The search's data, once per run (the source every fold splits)."""
+    return {"X": X, "y": y, "fit_params": fit_params, "score_params": score_params}
+
+
+def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
+    """One cross-validation fold, as scikit-learn splits it (pairwise kernels included): the
+    starting prefix of every candidate on this fold."""
+    from ._compat import _check_method_params, _safe_split
+
+    start = time.time()
+    est, X, y = estimator.estimator, data["X"], data["y"]
+    X_train, y_train = _safe_split(est, X, y, train)
+    X_test, y_test = _safe_split(est, X, y, test, train)
+    fold = {
+        "X_train": X_train,
+        "y_train": y_train,
+        "X_test": X_test,
+        "y_test": y_test,
+        "fit_params": _check_method_params(X, params=data["fit_params"], indices=train),
+        "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
+        "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
+    }
+    return {"fold": fold, "steps": [], "Xt": X_train, "fit_time": time.time() - start, "error": None}
+
+
+class FinalConfig:
+    """What the last level needs to score: the scorer(s), ``return_train_score``,
+    ``error_score`` and the estimator the fitted steps are assembled into."""
+
+    __slots__ = ("scorer", "return_train_score", "error_score", "template")
+
+    def __init__(self, scorer: Any, return_train_score: bool, error_score: Any, template: Any):
+        self.scorer = scorer
+        self.return_train_score = bool(return_train_score)
+        self.error_score = error_score
+        self.template = template
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.tokenize import tokenize
+
+        return ("FinalConfig", tokenize(self.scorer), self.return_train_score, repr(self.error_score),
+                estimator_token(self.template))
+
+
+class LevelStep:
+    """Fit one level of a candidate (a pipeline step, or the whole estimator) on a prefix.
+
+    ``level``: the step name; ``base``: the step's estimator in the search's estimator;
+    ``slot``: True when ``level`` is a pipeline step (parameters are named ``step`` and
+    ``step__param``), False when the level is the whole estimator (parameters as given);
+    ``final``: a :class:`FinalConfig` on the last level (fit, then score), else ``None``.
+    Its ``__name__`` is the label the table and dashboard show.
+    """
+
+    def __init__(self, level: str, base: Any, *, slot: bool, final: FinalConfig | None, label: str):
+        self.level = level
+        self.base = base
+        self.slot = slot
+        self.final = final
+        self.__name__ = label
+
+    def __dask_tokenize__(self) -> Any:
+        final = None if self.final is None else self.final.__dask_tokenize__()
+        return ("LevelStep", self.level, param_token(self.base), self.slot, final, self.__name__)
+
+    def __repr__(self) -> str:
+        return f"LevelStep({self.level!r}, {self.__name__})"
+
+    # ---- building the estimator of one alternative ---------------------------------------
+    def configure(self, params: dict) -> Any:
+        """A fresh estimator for this level with ``params`` set (values cloned, as scikit-learn does)."""
+        from sklearn.base import clone
+
+        params = unwrap(params)
+        if not self.slot:
+            return clone(self.base).set_params(**clone(params, safe=False))
+        est = params.pop(self.level, self.base)
+        if isinstance(est, str) or est is None:
+            if params:
+                raise ValueError(f"step {self.level!r} is {est!r} and cannot take parameters {sorted(params)}")
+            return est
+        sub = {k[len(self.level) + 2:]: v for k, v in params.items()}
+        if est is self.base or not sub:
+            est = clone(est)
+        else:
+            est = clone(est, safe=False)
+        return est.set_params(**clone(sub, safe=False)) if sub else est
+
+    def _step_fit_params(self, fit_params: dict) -> dict:
+        if not self.slot:
+            return fit_params
+        prefix = self.level + "__"
+        return {k[len(prefix):]: v for k, v in fit_params.items() if k.startswith(prefix)}
+
+    # ---- running ------------------------------------------------------------------------
+    def __call__(self, prev: dict, /, **params: Any) -> dict:
+        if prev["error"] is not None:
+            return prev if self.final is None else self._scored(prev, None, prev["fit_time"], prev["error"])
+        est = self.configure(params)
+        fold = prev["fold"]
+        fp = self._step_fit_params(fold["fit_params"])
+        y = fold["y_train"]
+        start = time.time()
+        try:
+            if self.final is not None:
+                if est not in PASSTHROUGH:
+                    est.fit(prev["Xt"], **fp) if y is None else est.fit(prev["Xt"], y, **fp)
+                Xt = None
+            elif est in PASSTHROUGH:
+                Xt = prev["Xt"]
+            elif hasattr(est, "fit_transform"):
+                Xt = est.fit_transform(prev["Xt"], y, **fp)
+            else:
+                Xt = est.fit(prev["Xt"], y, **fp).transform(prev["Xt"])
+        except Exception:
+            error = traceback.format_exc()
+            fit_time = prev["fit_time"] + time.time() - start
+            if self.final is not None:
+                return self._scored(prev, None, fit_time, error)
+            return {**prev, "fit_time": fit_time, "error": error}
+        fit_time = prev["fit_time"] + time.time() - start
+        steps = prev["steps"] + [(self.level, est)]
+        if self.final is None:
+            return {**prev, "steps": steps, "Xt": Xt, "fit_time": fit_time}
+        model = est
+        if self.slot:
+            from sklearn.base import clone
+
+            model = clone(self.final.template)
+            model.steps = steps
+        return self._scored(prev, model, fit_time, None)
+
+    def _scored(self, prev: dict, model: Any, fit_time: float, error: str | None) -> dict:
+        """What scikit-learn's ``_fit_and_score`` returns for this candidate and fold."""
+        from ._compat import _MultimetricScorer, _num_samples, _score
+
+        cfg, fold = self.final, prev["fold"]
+        out: dict[str, Any] = {"fit_error": error}
+        if error is not None:
+            score_time = 0.0
+            if isinstance(cfg.scorer, _MultimetricScorer):
+                test = {name: cfg.error_score for name in cfg.scorer._scorers}
+            else:
+                test = cfg.error_score
+            train = test.copy() if isinstance(test, dict) else test
+        else:
+            start = time.time()
+            test = _score(model, fold["X_test"], fold["y_test"], cfg.scorer, fold["score_params_test"], cfg.error_score)
+            score_time = time.time() - start
+            if cfg.return_train_score:
+                train = _score(model, fold["X_train"], fold["y_train"], cfg.scorer, fold["score_params_train"],
+                               cfg.error_score)
+        out["test_scores"] = test
+        if cfg.return_train_score:
+            out["train_scores"] = train
+        out["n_test_samples"] = _num_samples(fold["X_test"])
+        out["fit_time"] = fit_time
+        out["score_time"] = score_time
+        return out
+
+
+def collect_folds(first: Any, second: dict) -> list:
+    """Gather a candidate's fold results in fold order (folds are joined two at a time)."""
+    return (list(first) if isinstance(first, list) else [first]) + [second]
+
+
+def as_folds(only: dict) -> list:
+    """A single fold's result as the list :func:`summarize` takes."""
+    return [only]
+
+
+def _short(error: str) -> str:
+    """The last line of a traceback (``ValueError: ...``), at most 200 characters (a table scalar)."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    text = lines[-1].strip() if lines else error.strip()
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _number(v: Any) -> Any:
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():
+        v = v.item()
+    return v
+
+
+def summarize(folds: list, /, *, error_score: Any) -> dict:
+    """One candidate's folds as table scalars: ``split<i>_test_<metric>``,
+    ``split<i>_train_<metric>``, ``split<i>_fit_time``, ``split<i>_score_time``,
+    ``split<i>_n_test_samples``, ``split<i>_fit_error`` (the error's last line, failed folds
+    only), ``test_metrics`` (the metric names when the scorer returned a dict, joined by
+    ``|``) and ``mean_test_<metric>`` (what the choose ranks by).
+
+    With ``error_score='raise'`` a failed fit raises :class:`FitFailed` with its traceback,
+    so the branch shows as failed.
+    """
+    out: dict[str, Any] = {}
+    means: dict[str, list] = {}
+    metrics = ""
+    for i, fold in enumerate(folds):
+        if fold["fit_error"] is not None:
+            if error_score == "raise":
+                raise FitFailed(f"fit failed on fold {i}:\n{fold['fit_error']}")
+            out[f"split{i}_fit_error"] = _short(fold["fit_error"])
+        for kind in ("test", "train"):
+            scores = fold.get(f"{kind}_scores")
+            if scores is None:
+                continue
+            if isinstance(scores, dict) and fold["fit_error"] is None:
+                metrics = "|".join(scores)
+            scores = scores if isinstance(scores, dict) else {"score": scores}
+            for name, value in scores.items():
+                value = _number(value)
+                out[f"split{i}_{kind}_{name}"] = value
+                if kind == "test":
+                    means.setdefault(name, []).append(value)
+        out[f"split{i}_fit_time"] = fold["fit_time"]
+        out[f"split{i}_score_time"] = fold["score_time"]
+        out[f"split{i}_n_test_samples"] = fold["n_test_samples"]
+    out["test_metrics"] = metrics  # the names a scorer returning a dict gave ("" for one number)
+    for name, values in means.items():
+        try:
+            out[f"mean_test_{name}"] = math.fsum(float(v) for v in values) / len(values)
+        except (TypeError, ValueError):
+            out[f"mean_test_{name}"] = float("nan")
+    return out
+
+
+class MeanTest:
+    """The choose metric: a candidate's ``mean_test_<metric>`` (``metric=None``: ``score``,
+    or the first metric a callable scorer returned)."""
+
+    def __init__(self, metric: str | None):
+        self.metric = metric
+        self.__name__ = f"mean_test_{metric or 'score'}"
+
+    def __dask_tokenize__(self) -> Any:
+        return ("MeanTest", self.metric)
+
+    def __call__(self, summary: dict) -> float:
+        key = f"mean_test_{self.metric or 'score'}"
+        if key not in summary and self.metric is None:
+            key = next((k for k in summary if k.startswith("mean_test_")), key)
+        return float(summary.get(key, float("nan")))

@@ -16,10 +16,11 @@ into table scalars (``split0_test_score``, ..., ``mean_test_score``).
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from typing import Any
+
+import numpy as np
 
 from .tokens import Est, estimator_token, param_token, unwrap
 
@@ -205,9 +206,15 @@ def as_folds(only: dict) -> list:
 
 
 def _short(error: str) -> str:
-    """The last line of a traceback (``ValueError: ...``), at most 200 characters (a table scalar)."""
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    text = lines[-1].strip() if lines else error.strip()
+    r"""The exception part of a traceback (``ValueError: ...``, after its last frame line), at
+    most 200 characters (a table scalar).
+
+    >>> _short('Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\nmore')
+    'ValueError: bad more'
+    """
+    lines = error.strip().splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=-1)
+    text = " ".join(line.strip() for line in lines[last_frame + 1:] if line.strip()) or error.strip()
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -252,8 +259,8 @@ def summarize(folds: list, /, *, error_score: Any) -> dict:
         out[f"split{i}_n_test_samples"] = fold["n_test_samples"]
     out["test_metrics"] = metrics  # the names a scorer returning a dict gave ("" for one number)
     for name, values in means.items():
-        try:
-            out[f"mean_test_{name}"] = math.fsum(float(v) for v in values) / len(values)
+        try:  # as scikit-learn averages (np.average over float64), so the two agree to the bit
+            out[f"mean_test_{name}"] = float(np.average(np.asarray(values, dtype=np.float64)))
         except (TypeError, ValueError):
             out[f"mean_test_{name}"] = float("nan")
     return out

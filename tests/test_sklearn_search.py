@@ -231,3 +231,23 @@ def test_fold_result_multimetric_callable_names():
            "split1_n_test_samples": 5, "test_metrics": "acc|err"}
     out = fold_result(row, 1, multimetric_names=None, error_score=np.nan, train=False)
     assert out["test_scores"] == {"acc": 1.0, "err": 0.0} and out["fit_error"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_benchmark_quick_mode_runs(tmp_path):
+    """benchmarks/sklearn_search.py --quick, Quiver's method only: it runs and records that the
+    prefix was fitted exactly once per (params, fold) (speed goals stay in the benchmark)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "sklearn_search.json"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "sklearn_search.py"), "--quick", "--methods", "a",
+                           "--output", str(out)], cwd=root, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["target"]["prefix_fits_equal_unique"] is True
+    assert data["methods"]["(a) Quiver GridSearchCV"]["prefix_fits"] == [data["unique_prefix_fits"]]

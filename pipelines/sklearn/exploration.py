@@ -28,9 +28,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ..builder import Pipeline, combine
 from .plan import SINGLE, Levels, plan_levels
 from .steps import FinalConfig, LevelStep, as_folds, collect_folds, load_data, split_fold, summarize
-from .tokens import Est, param_token, wrap
+from .tokens import Est, param_token, unwrap, wrap
 
 __all__ = ["Compiled", "build", "from_sklearn", "steps_of"]
 
@@ -49,8 +50,6 @@ class Compiled:
         params: dict = {}
         for name in self.levels.names:
             params.update(choices[name][1])
-        from .tokens import unwrap
-
         return param_token(unwrap(params))
 
 
@@ -97,8 +96,6 @@ def build(
     name: str = "sklearn-search",
 ) -> Compiled:
     """The exploration of ``candidates`` x ``splits`` as a Quiver node (nothing runs)."""
-    from pipelines import Pipeline, combine
-
     fit_params = dict(fit_params or {})
     names = steps_of(estimator, fit_params)
     levels = plan_levels(names, candidates, token=param_token)
@@ -158,16 +155,15 @@ def from_sklearn(
     True
     """
     from sklearn.base import is_classifier
-    from sklearn.metrics import check_scoring
     from sklearn.model_selection import ParameterGrid, check_cv
     from sklearn.utils.validation import indexable
 
-    from .search import check_candidates, scorers_for
+    from .candidates import check_candidates, scorers_for
 
     X, y = indexable(X, y)
     candidates = list(ParameterGrid(param_grid))
     check_candidates(estimator, candidates)
-    scorer = scorers_for(estimator, scoring, error_score) if scoring is not None else check_scoring(estimator)
+    scorer = scorers_for(estimator, scoring, error_score)
     splitter = check_cv(cv, y, classifier=is_classifier(estimator))
     splits = list(splitter.split(X, y, groups))
     return build(estimator, candidates, X, y, splits, scorer=scorer, return_train_score=return_train_score,

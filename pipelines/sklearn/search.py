@@ -38,35 +38,16 @@ from ._compat import (
     _insert_error_scores,
     _warn_or_raise_about_fit_failures,
 )
+from .candidates import check_candidates
 from .exploration import build
 from .results import Failed, fold_result, rows_by_candidate
 from .steps import MeanTest
 from .tokens import param_token
 
-__all__ = ["GridSearchCV", "RandomizedSearchCV", "check_candidates", "scorers_for"]
+__all__ = ["GridSearchCV", "RandomizedSearchCV"]
 
 _QUIVER_CONSTRAINTS = {"client": "no_validation", "memory_budget": "no_validation", "store": "no_validation",
                        "progress": ["boolean", None]}
-
-
-def check_candidates(estimator: Any, candidates: list[dict]) -> None:
-    """Refuse a search with no candidates, or a parameter the estimator does not have,
-    before anything runs (scikit-learn's own ``set_params`` message names the parameter)."""
-    if not candidates:
-        raise ValueError("No fits were performed. Were there no candidates? The parameter grid is empty.")
-    seen: set[str] = set()
-    for params in candidates:
-        keys = repr(sorted(params))
-        if keys in seen:  # the same parameter names were already accepted
-            continue
-        clone(estimator).set_params(**clone(params, safe=False))
-        seen.add(keys)
-
-
-def scorers_for(estimator: Any, scoring: Any, error_score: Any) -> Any:
-    """The scorer(s) for ``scoring`` as scikit-learn's searches build them."""
-    search = _ms.GridSearchCV(estimator, {}, scoring=scoring, error_score=error_score, refit=False)
-    return search._get_scorers()[0]
 
 
 class _QuiverSearch:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..builder import Pipeline, combine
 from .plan import SINGLE, Levels, plan_levels
-from .steps import FinalConfig, LevelStep, as_folds, collect_folds, load_data, split_fold, summarize
+from .steps import FinalConfig, LevelStep, as_folds, collect_folds, load_data, scores_transformed, split_fold, summarize
 from .tokens import Est, param_token, unwrap, wrap
 
 __all__ = ["Compiled", "build", "from_sklearn", "steps_of"]
@@ -101,6 +101,7 @@ def build(
     levels = plan_levels(names, candidates, token=param_token)
     final = FinalConfig(scorer, return_train_score, error_score, estimator)
     bases = dict(estimator.steps) if levels.split else {SINGLE: estimator}
+    transformed = scores_transformed(scorer)
     level_alts = []
     for i, (level, alternatives) in enumerate(zip(levels.names, levels.alternatives)):
         last = i == len(levels.names) - 1
@@ -109,7 +110,8 @@ def build(
         for params in alternatives:
             label = _label(level, bases[level], params, levels.split)
             if label not in made:
-                made[label] = LevelStep(level, bases[level], slot=levels.split, final=final if last else None, label=label)
+                made[label] = LevelStep(level, bases[level], slot=levels.split, final=final if last else None,
+                                        label=label, transformed=transformed, train_scores=return_train_score)
             alts.append(functools.partial(made[label], **wrap(params)))
         level_alts.append(alts)
     data = Pipeline(name).source(load_data, X=X, y=y, fit_params=fit_params, score_params=dict(score_params or {}))

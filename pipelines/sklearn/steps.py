@@ -56,7 +56,21 @@ def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
         "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
         "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
     }
-    return {"fold": fold, "steps": [], "Xt": X_train, "fit_time": time.time() - start, "error": None}
+    return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
+            "score_time": 0.0, "error": None}
+
+
+def scores_transformed(scorer: Any) -> bool:
+    """True when ``scorer`` only calls the estimator's prediction methods (or ``score``), so
+    scoring the final step on the test data transformed by the fitted prefix gives exactly what
+    scoring the whole pipeline on the raw data gives (a ``Pipeline`` does just that): the
+    scorers scikit-learn builds from ``scoring=None``, a name, ``make_scorer``, or a list/dict
+    of those.  A user's own callable gets the assembled pipeline and the raw data."""
+    from sklearn.metrics._scorer import _MultimetricScorer, _PassthroughScorer, _Scorer
+
+    if isinstance(scorer, _MultimetricScorer):
+        return all(scores_transformed(s) for s in scorer._scorers.values())
+    return type(scorer) in (_Scorer, _PassthroughScorer)
 
 
 class FinalConfig:
@@ -85,19 +99,26 @@ class LevelStep:
     ``slot``: True when ``level`` is a pipeline step (parameters are named ``step`` and
     ``step__param``), False when the level is the whole estimator (parameters as given);
     ``final``: a :class:`FinalConfig` on the last level (fit, then score), else ``None``.
+    ``transformed``: carry the test data (and the training data, for ``train_scores``) through
+    each fitted step, drop the raw data, and score the final step on them (see
+    :func:`scores_transformed`); else carry the raw data and score the assembled pipeline.
     Its ``__name__`` is the label the table and dashboard show.
     """
 
-    def __init__(self, level: str, base: Any, *, slot: bool, final: FinalConfig | None, label: str):
+    def __init__(self, level: str, base: Any, *, slot: bool, final: FinalConfig | None, label: str,
+                 transformed: bool = False, train_scores: bool = False):
         self.level = level
         self.base = base
         self.slot = slot
         self.final = final
+        self.transformed = bool(transformed and slot)
+        self.train_scores = bool(train_scores)
         self.__name__ = label
 
     def __dask_tokenize__(self) -> Any:
         final = None if self.final is None else self.final.__dask_tokenize__()
-        return ("LevelStep", self.level, param_token(self.base), self.slot, final, self.__name__)
+        return ("LevelStep", self.level, param_token(self.base), self.slot, final, self.__name__, self.transformed,
+                self.train_scores)
 
     def __repr__(self) -> str:
         return f"LevelStep({self.level!r}, {self.__name__})"
@@ -157,16 +178,27 @@ class LevelStep:
         fit_time = prev["fit_time"] + time.time() - start
         steps = prev["steps"] + [(self.level, est)]
         if self.final is None:
-            return {**prev, "steps": steps, "Xt": Xt, "fit_time": fit_time}
+            out = {**prev, "steps": steps, "Xt": Xt, "fit_time": fit_time}
+            if self.transformed:
+                start = time.time()
+                out["fold"] = {k: v for k, v in fold.items() if k not in ("X_train", "X_test")}
+                if est not in PASSTHROUGH:
+                    out["Xte"] = est.transform(prev["Xte"])
+                    out["score_time"] = prev["score_time"] + time.time() - start
+                    out["Xtr"] = est.transform(prev["Xtr"]) if self.train_scores else None
+            return out
+        if self.transformed:
+            return self._scored(prev, est, fit_time, None, prev["Xte"], prev["Xtr"])
         model = est
         if self.slot:
             from sklearn.base import clone
 
             model = clone(self.final.template)
             model.steps = steps
-        return self._scored(prev, model, fit_time, None)
+        return self._scored(prev, model, fit_time, None, fold["X_test"], fold["X_train"])
 
-    def _scored(self, prev: dict, model: Any, fit_time: float, error: str | None) -> dict:
+    def _scored(self, prev: dict, model: Any, fit_time: float, error: str | None, X_test: Any = None,
+                X_train: Any = None) -> dict:
         """What scikit-learn's ``_fit_and_score`` returns for this candidate and fold."""
         from ._compat import _MultimetricScorer, _num_samples, _score
 
@@ -181,15 +213,14 @@ class LevelStep:
             train = test.copy() if isinstance(test, dict) else test
         else:
             start = time.time()
-            test = _score(model, fold["X_test"], fold["y_test"], cfg.scorer, fold["score_params_test"], cfg.error_score)
-            score_time = time.time() - start
+            test = _score(model, X_test, fold["y_test"], cfg.scorer, fold["score_params_test"], cfg.error_score)
+            score_time = prev["score_time"] + time.time() - start  # with the test transforms of the prefix
             if cfg.return_train_score:
-                train = _score(model, fold["X_train"], fold["y_train"], cfg.scorer, fold["score_params_train"],
-                               cfg.error_score)
+                train = _score(model, X_train, fold["y_train"], cfg.scorer, fold["score_params_train"], cfg.error_score)
         out["test_scores"] = test
         if cfg.return_train_score:
             out["train_scores"] = train
-        out["n_test_samples"] = _num_samples(fold["X_test"])
+        out["n_test_samples"] = _num_samples(prev["Xte"])  # transforms keep the rows
         out["fit_time"] = fit_time
         out["score_time"] = score_time
         return out

@@ -18,7 +18,7 @@ try:
     from sklearn.utils._param_validation import HasMethods  # noqa: F401  (re-exported)
     from sklearn.utils.metaestimators import _safe_split
     from sklearn.utils.validation import _check_method_params, _num_samples
-    from sklearn.metrics._scorer import _MultimetricScorer
+    from sklearn.metrics._scorer import _MultimetricScorer, _PassthroughScorer, _Scorer
 except ImportError as exc:  # pragma: no cover - depends on the installed version
     raise ImportError(
         f"pipelines.sklearn needs scikit-learn >= 1.4 (tested with 1.9): {exc}. "
@@ -34,4 +34,6 @@ __all__ = [
     "_check_method_params",
     "_num_samples",
     "_MultimetricScorer",
+    "_PassthroughScorer",
+    "_Scorer",
 ]

@@ -1,7 +1,9 @@
 """The steps a search runs on the workers: load, split a fold, fit a level, score, summarise.
 
-A *prefix* value flows from level to level of one fold: the fold's data, the fitted steps so
-far, the training data transformed by them, the fit seconds spent, and the error text if a
+A *prefix* value flows from level to level of one fold: the fold's targets and parameters,
+the fitted steps so far, the training data transformed by them (``fit_transform``), the test
+data (and, for train scores, the training data) passed through their ``transform`` (or the raw
+data, for a scorer of the user's own), the fit and score seconds spent, and the error text if a
 fit failed (later levels then pass it on without fitting, as scikit-learn scores a pipeline
 whose fit failed with ``error_score``).  The last level returns what scikit-learn's
 ``_fit_and_score`` returns (``test_scores``, ``train_scores``, ``n_test_samples``,
@@ -66,7 +68,7 @@ def scores_transformed(scorer: Any) -> bool:
     scoring the whole pipeline on the raw data gives (a ``Pipeline`` does just that): the
     scorers scikit-learn builds from ``scoring=None``, a name, ``make_scorer``, or a list/dict
     of those.  A user's own callable gets the assembled pipeline and the raw data."""
-    from sklearn.metrics._scorer import _MultimetricScorer, _PassthroughScorer, _Scorer
+    from ._compat import _MultimetricScorer, _PassthroughScorer, _Scorer
 
     if isinstance(scorer, _MultimetricScorer):
         return all(scores_transformed(s) for s in scorer._scorers.values())

@@ -242,12 +242,14 @@ def _short(error: str) -> str:
     r"""The exception part of a traceback (``ValueError: ...``, after its last frame line), at
     most 200 characters (a table scalar).
 
-    >>> _short('Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\nmore')
-    'ValueError: bad more'
+    >>> _short('Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\n [[1 2]]')
+    'ValueError: bad [[1 2]]'
     """
     lines = error.strip().splitlines()
-    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=-1)
-    text = " ".join(line.strip() for line in lines[last_frame + 1:] if line.strip()) or error.strip()
+    i = max((n for n, line in enumerate(lines) if line.startswith("Traceback")), default=-1) + 1
+    while 0 < i < len(lines) and lines[i].startswith("  "):  # the frames of the last traceback
+        i += 1
+    text = " ".join(line.strip() for line in lines[max(i, 0):] if line.strip()) or error.strip()
     return text if len(text) <= 200 else text[:197] + "..."
 
 

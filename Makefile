@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python benchmarks/allreduce.py
 	$(BIN)/python benchmarks/memory_planner.py
 	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/sklearn_search.py
 
 clean:
 	rm -rf $(VENV) dask-worker-space dask-scratch-space

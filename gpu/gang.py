@@ -34,6 +34,8 @@ member. Nested gangs (``fn`` calling ``run_gang``) are untested.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 from gpu.allreduce import Collective, CollectiveError
 
-__all__ = ["GangContext", "GangError", "run_gang", "ADMISSION_LOCK"]
+__all__ = ["GangContext", "GangError", "run_gang", "run_gang_timed", "gang_client", "ADMISSION_LOCK"]
 
 ADMISSION_LOCK = "quiver-gang-admission"
 _POLL_SECONDS = 0.25
@@ -164,7 +166,8 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
     ``priority`` is the members' Dask task priority (a depth-first plan may rank training
     branches; atomic admission is what keeps differently ranked gangs from deadlocking).
     Keyword arguments with these names are taken by ``run_gang``: give ``fn`` such
-    arguments with ``functools.partial``.
+    arguments with ``functools.partial``. Futures among ``args`` and ``kwargs`` reach ``fn``
+    as their values (each member's worker fetches them once, from wherever they are).
 
     Raises :class:`GangError` naming the failing rank when a member fails or its worker dies.
 
@@ -172,19 +175,58 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
     ...          lr=0.1, timeout=30.0)                                  # doctest: +SKIP
     [{'loss': 0.12}, {'loss': 0.12}]
     """
+    return run_gang_timed(client, fn, workers, *args, timeout=timeout,
+                          admission_timeout=admission_timeout, algorithm=algorithm,
+                          priority=priority, **kwargs)[0]
+
+
+def run_gang_timed(client: Any, fn: Callable, workers: Sequence[str] | None = None, *args: Any,
+                   timeout: float = 60.0, admission_timeout: float | None = None,
+                   algorithm: str = "auto", priority: int = 0,
+                   **kwargs: Any) -> tuple[list[Any], dict[str, float]]:
+    """:func:`run_gang`, also returning where the time went: ``lock_s`` (waiting for the
+    admission lock), ``admission_s`` (from asking for the lock until every member had checked
+    in: the lock, submitting, the members starting), ``run_s`` (from then until the results
+    were back).
+    """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with gang_client(client) as c:
+        return _run(c, fn, workers, args, kwargs, timeout, admission_timeout, algorithm, priority)
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def gang_client(client: Any = None):
+    """The client gangs are launched with: inside a Dask task, ``worker_client()`` (the task
+    secedes, so its thread can host a member; entered once however deeply nested), else
+    ``client`` or the current one.
+
+    >>> with gang_client() as c:                                     # doctest: +SKIP
+    ...     future = c.scatter(data, broadcast=True)
+    ...     run_gang(c, member, None, future)
+    """
+    held = getattr(_state, "client", None)
+    if held is not None:
+        yield held
+        return
     if _inside_task():
         from distributed import worker_client
 
         with worker_client() as wc:
-            return _run(wc, fn, workers, args, kwargs, timeout, admission_timeout, algorithm,
-                        priority)
+            _state.client = wc
+            try:
+                yield wc
+            finally:
+                _state.client = None
+        return
     if client is None:
         from distributed import get_client
 
         client = get_client()
-    return _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorithm, priority)
+    yield client
 
 
 def _inside_task() -> bool:
@@ -205,7 +247,7 @@ def _alive_workers(client) -> set[str]:
 
 
 def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorithm,
-         priority) -> list[Any]:
+         priority) -> tuple[list[Any], dict[str, float]]:
     from distributed import Event, Lock, Queue, Variable
 
     alive = _alive_workers(client)
@@ -231,10 +273,13 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
     lock = Lock(ADMISSION_LOCK, scheduler_rpc=client.scheduler, loop=client.loop)
     deadline = None if admission_timeout is None else time.monotonic() + admission_timeout
     futures: list = []
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     try:
         if not lock.acquire(timeout=admission_timeout):
             raise GangError(f"gang {name}: another gang held the admission lock for more than "
                             f"admission_timeout={admission_timeout:g} s")
+        timings["lock_s"] = time.perf_counter() - t0
         try:
             futures = [
                 client.submit(_member, name, rank, workers, fn, args, kwargs, timeout,
@@ -252,7 +297,10 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
             raise
         finally:
             lock.release()
-        return _gather(client, name, workers, futures, timeout)
+        timings["admission_s"] = time.perf_counter() - t0
+        results = _gather(client, name, workers, futures, timeout)
+        timings["run_s"] = time.perf_counter() - t0 - timings["admission_s"]
+        return results, timings
     except BaseException:
         if futures:
             client.cancel(futures)

@@ -26,6 +26,7 @@ worker dies, the run resumes on the remaining workers from the last checkpoint (
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pickle
 import time
@@ -148,14 +149,14 @@ def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
 
 
 def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
-    return _observed(_GangMember(ctx, checkpoint_name), data, model, cfg, resume, task)
+    return _observed(_GangMember(ctx, checkpoint_name), _as_data(data), model, cfg, resume, task)
 
 
-def _last_checkpoint(name: str) -> dict | None:
+def _last_checkpoint(name: str, client=None) -> dict | None:
     """The last checkpoint rank 0 published (``None`` before the first epoch ended)."""
     from distributed import Variable
 
-    blob = Variable(name).get()  # set to b"" before the first gang: never a timed wait
+    blob = Variable(name, client=client).get()  # set to b"" before the first gang: never a timed wait
     return pickle.loads(blob) if blob else None
 
 
@@ -206,6 +207,7 @@ def train(
     ``tuning_samples`` and in the first epoch's ``samples``), ``partitions``, ``workers``,
     ``restarts`` and ``restart_errors`` (why each restart happened).
     """
+    t_call = time.perf_counter()
     cfg = TrainConfig(
         epochs=epochs, lr=lr, batch_size=batch_size, replicas=replicas, algorithm=algorithm,
         target_accuracy=target_accuracy, momentum=momentum, central_momentum=central_momentum,
@@ -217,65 +219,127 @@ def train(
     data = _as_data(data)
     restarts = 0
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
+    overheads = {"admission_seconds": 0.0, "data_seconds": 0.0}
     if workers == 1 or not _in_dask():
         out = _observed(Solo(), data, model, cfg, None, task)
         size = 1
     else:
-        from .gang import GangError, run_gang
-
         from distributed import Event, Variable
 
-        # Named after the step's task key when inside Dask: if the worker running this step dies,
-        # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
-        name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
-        started = Event(f"{name}-started")  # set once the checkpoint variable exists
-        resume = _last_checkpoint(name) if started.is_set() else None
-        failures: list[str] = []
-        if resume is not None:
-            restarts += 1
-            failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
-        if not started.is_set():
-            Variable(name).set(b"")
-            started.set()
-        while True:
-            pool = None
-            if workers is not None:
-                from distributed import get_client
+        from .gang import GangError, gang_client, run_gang_timed
 
-                pool = sorted(get_client().scheduler_info(n_workers=-1)["workers"])[:workers]
-            member = functools.partial(
-                _member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
-            )
-            try:
-                results = run_gang(None, member, pool, timeout=timeout)
-                break
-            except GangError as exc:
+        with gang_client() as client:
+            remembered = _remembered_replicas(client, model, data, cfg, workers)
+            if remembered is not None:  # tuned before on this cluster for the same model, data and workers
+                cfg = dataclasses.replace(cfg, replicas=remembered["replicas"])
+            # Named after the step's task key when inside Dask: if the worker running this step dies,
+            # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
+            name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
+            started = Event(f"{name}-started", client=client)  # set once the checkpoint variable exists
+            resume = _last_checkpoint(name, client) if started.is_set() else None
+            failures: list[str] = []
+            if resume is not None:
                 restarts += 1
-                failures.append(str(exc))
-                if restarts > max_restarts:
-                    _forget(name)
-                    raise RuntimeError(
-                        f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
-                    ) from exc
-                resume = _last_checkpoint(name) or resume
-        out = results[0]
-        size = len(results)
-        _forget(name)
-        out["restart_errors"] = failures
-    return _summarise(out, model, cfg, size, restarts)
+                failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
+            if not started.is_set():
+                Variable(name, client=client).set(b"")
+                started.set()
+            while True:
+                pool = None
+                alive = sorted(client.scheduler_info(n_workers=-1)["workers"])
+                if workers is not None:
+                    pool = alive[:workers]
+                # the data set goes to the gang's workers once (as one key), not inside every member task
+                t0 = time.perf_counter()
+                shipped = client.scatter(data, workers=pool or alive, broadcast=True, hash=False)
+                overheads["data_seconds"] += time.perf_counter() - t0
+                member = functools.partial(
+                    _member, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
+                )
+                try:
+                    results, timings = run_gang_timed(client, member, pool, shipped, timeout=timeout)
+                    overheads["admission_seconds"] += timings["admission_s"]
+                    break
+                except GangError as exc:
+                    restarts += 1
+                    failures.append(str(exc))
+                    if restarts > max_restarts:
+                        _forget(name, client)
+                        raise RuntimeError(
+                            f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
+                        ) from exc
+                    resume = _last_checkpoint(name, client) or resume
+                finally:
+                    del shipped
+            out = results[0]
+            size = len(results)
+            _forget(name, client)
+            out["restart_errors"] = failures
+            if remembered is not None:
+                out.update(replicas_source="remembered", tuning=[tuple(p) for p in remembered["tuning"]])
+            elif out.get("replicas_source") == "tuned":
+                _remember_replicas(client, model, data, cfg, workers, out)
+    return _summarise(out, model, cfg, size, restarts, overheads, time.perf_counter() - t_call)
 
 
-def _forget(name: str) -> None:
+def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, workers: int | None) -> list[str] | None:
+    """Where the scheduler remembers a tuned replica count: everything the tuner's choice depends on
+    (the model, the data's shapes, batch size, sync period, tuner settings, the number of workers),
+    and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
+    deterministic token (then every run tunes)."""
+    from dask.base import tokenize
+
+    try:
+        with dask_config_deterministic():
+            token = tokenize(
+                model, cfg.batch_size, cfg.sync_every, cfg.max_replicas, cfg.tune_threshold, cfg.tune_steps,
+                cfg.partitions, cfg.algorithm, workers, tuple(data.x_train.shape), str(data.x_train.dtype),
+                str(data.x_train.device), len(data.x_test),
+            )
+    except Exception:
+        return None
+    return ["quiver", "replicas-auto", token]
+
+
+def dask_config_deterministic():
+    import dask
+
+    return dask.config.set({"tokenize.ensure-deterministic": True})
+
+
+def _remembered_replicas(client, model, data, cfg: TrainConfig, workers) -> dict | None:
+    if cfg.replicas != "auto":
+        return None
+    key = _replicas_memo_key(model, data, cfg, workers)
+    if key is None:
+        return None
+    try:
+        return client.get_metadata(key, default=None)
+    except Exception:
+        return None
+
+
+def _remember_replicas(client, model, data, cfg: TrainConfig, workers, out: dict) -> None:
+    key = _replicas_memo_key(model, data, cfg, workers)
+    if key is not None:
+        try:
+            client.set_metadata(key, {"replicas": out["replicas"], "tuning": list(out["tuning"])})
+        except Exception:  # a memo: training never fails because of it
+            pass
+
+
+def _forget(name: str, client=None) -> None:
     try:
         from distributed import Event, Variable
 
-        Variable(name).delete()
-        Event(f"{name}-started").clear()
+        Variable(name, client=client).delete()
+        Event(f"{name}-started", client=client).clear()
     except Exception:
         pass
 
 
-def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int) -> dict:
+def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int,
+               overheads: dict | None = None, wall: float | None = None) -> dict:
     import torch
 
     from .replicas import ParamLayout
@@ -287,7 +351,9 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
     history = out["history"]
     last = history[-1] if history else {}
     reached = next((h for h in history if cfg.target_accuracy is not None and h["accuracy"] >= cfg.target_accuracy), None)
-    return {
+    timings = out.get("timings", {})
+    training = float(sum(h.get("train_s", 0.0) for h in history))
+    result = {
         "model": net,
         "accuracy": last.get("accuracy", float("nan")),
         "test_loss": last.get("test_loss", float("nan")),
@@ -298,6 +364,7 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "epochs_to_target": reached["epoch"] if reached else None,
         "seconds_to_target": reached["elapsed_s"] if reached else None,
         "replicas": out["replicas"],
+        "replicas_source": out.get("replicas_source", "given"),
         "samples_per_s": float(sum(h["samples_per_s"] for h in history) / max(len(history), 1)),
         "tuning": out["tuning"],
         "partitions": out.get("partitions", 1),
@@ -306,4 +373,13 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "restart_errors": out.get("restart_errors", []),
         "tuning_samples": out.get("tuning_samples", 0),
         "algorithm": cfg.algorithm,
+        # where a branch's time went (seconds): the epochs' training loops, and everything else
+        "training_seconds": training,
+        "tuning_seconds": float(timings.get("tuning_s", 0.0) + timings.get("partitions_s", 0.0)),
+        "admission_seconds": float((overheads or {}).get("admission_seconds", 0.0)),
+        "data_seconds": float((overheads or {}).get("data_seconds", 0.0)),
     }
+    if wall is not None:
+        result["wall_seconds"] = wall
+        result["overhead_seconds"] = max(wall - training, 0.0)
+    return result

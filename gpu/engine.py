@@ -273,7 +273,8 @@ def _tune_replicas(ctx, build, xs, ys, shortest: int, cfg: TrainConfig) -> tuple
     gen = torch.Generator().manual_seed(_tuning_seed(cfg, ctx.rank))
     trained, compute = 0, {}
     with _own_rng(xs):
-        scratch = build(1)
+        # the sync training will use (a partition count given), else the whole exchange
+        scratch = build(1, cfg.partitions if cfg.partitions != "auto" else 1)
         while (k := tuner.propose()) is not None:
             if shortest < k * cfg.batch_size:
                 break

@@ -35,7 +35,7 @@ from .replicas import replica_batches
 from .sma import SMAConfig
 from .tuning import ReplicaTuner, choose_partitions
 
-__all__ = ["TrainConfig", "Solo", "run_member", "shard"]
+__all__ = ["TrainConfig", "Solo", "run_member", "tune_member", "shard"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,37 @@ def _tuning_seed(cfg: TrainConfig, rank: int) -> int:
     return cfg.seed * 1000 + rank + 500_000
 
 
+def _prepare(ctx: Any, data: Any, model: Callable[[], nn.Module], cfg: TrainConfig, lr: float):
+    """The seeded model, the data on its device, this member's shard, and ``build(k, partitions)``
+    making an algorithm object from the model."""
+    torch.manual_seed(cfg.seed)
+    net = model()
+    device = next(net.parameters()).device
+    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    xs, ys = shard(x_train, y_train, ctx.rank, ctx.size)
+    kind = ALGORITHMS[cfg.algorithm]
+
+    def build(k: int, partitions: int = 1) -> Algorithm:
+        return kind(net, cfg, k, ctx.allreduce, world=ctx.size, partitions=partitions, lr=lr)
+
+    shortest = len(x_train) // ctx.size  # every member decides from the same numbers
+    return build, (x_train, y_train, x_test, y_test), (xs, ys), shortest
+
+
+def tune_member(ctx: Any, data: Any, model: Callable[[], nn.Module], cfg: TrainConfig,
+                on_tune: Callable[[list], None] | None = None) -> dict:
+    """Only the replica tuning of :func:`run_member` (a gang of its own, so that concurrent
+    runs can wait for one tuning and reuse its choice). Returns what ``run_member(tuned=...)`` takes."""
+    t0 = time.perf_counter()
+    build, _, (xs, ys), shortest = _prepare(ctx, data, model, cfg, cfg.lr)
+    k, curve, samples, step_compute = _tune_replicas(ctx, build, xs, ys, shortest, cfg)
+    if on_tune is not None:
+        on_tune(list(curve))
+    return {"replicas": k, "tuning": curve, "tuning_samples": samples, "step_compute": step_compute,
+            "tuning_s": time.perf_counter() - t0, "source": "tuned"}
+
+
 def run_member(
     ctx: Any,
     data: Any,
@@ -138,23 +169,18 @@ def run_member(
     resume: dict | None = None,
     on_epoch: Callable[[dict], None] | None = None,
     on_tune: Callable[[list], None] | None = None,
+    tuned: dict | None = None,
 ) -> dict:
-    """Train on this member; return ``z``, ``delta_prev``, the history, tuning records and timings."""
+    """Train on this member; return ``z``, ``delta_prev``, the history, tuning records and timings.
+
+    ``tuned``: with ``replicas="auto"``, a choice made already (:func:`tune_member`'s result,
+    possibly remembered from an earlier run) instead of tuning here.
+    """
     t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
-    torch.manual_seed(cfg.seed)
-    net = model()
-    device = next(net.parameters()).device
-    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
-    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
-    xs, ys = shard(x_train, y_train, ctx.rank, ctx.size)
     start_epoch, lr, history = 0, cfg.lr, []
     if resume is not None:
         start_epoch, lr, history = resume["epoch"] + 1, resume["lr"], list(resume["history"])
-    kind = ALGORITHMS[cfg.algorithm]
-    shortest = len(x_train) // ctx.size  # every member decides from the same numbers
-
-    def build(k: int, partitions: int = 1) -> Algorithm:
-        return kind(net, cfg, k, ctx.allreduce, world=ctx.size, partitions=partitions, lr=lr)
+    build, (x_train, y_train, x_test, y_test), (xs, ys), shortest = _prepare(ctx, data, model, cfg, lr)
 
     # replicas per worker: given, from the checkpoint, or tuned on a scratch copy of the model
     tuning: list[tuple[int, float]] = []
@@ -164,6 +190,11 @@ def run_member(
         k, source = cfg.replicas, "given"
     elif resume is not None:
         k, source = resume["replicas"], "checkpoint"
+    elif tuned is not None:
+        k, tuning, source = tuned["replicas"], [tuple(p) for p in tuned["tuning"]], tuned.get("source", "tuned")
+        tuning_samples, step_compute = tuned.get("tuning_samples", 0), tuned.get("step_compute")
+        if on_tune is not None:
+            on_tune(list(tuning))
     else:
         k, tuning, tuning_samples, step_compute = _tune_replicas(ctx, build, xs, ys, shortest, cfg)
         source = "tuned"

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from .engine import Solo, TrainConfig, run_member
+from .engine import Solo, TrainConfig, run_member, tune_member
 
 __all__ = ["train"]
 
@@ -128,7 +128,7 @@ def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]
     return publish
 
 
-def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
+def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None, tuned: dict | None = None):
     """``run_member`` with its progress published (start, tuning, every epoch, end)."""
     publish = _publisher(task, ctx.rank, ctx.size)
     if ctx.rank == 0:
@@ -143,13 +143,24 @@ def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
         if ctx.rank == 0:
             publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
 
-    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune)
+    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune, tuned=tuned)
     publish({"kind": "end", "epochs_done": len(out["history"])})
     return out
 
 
-def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
-    return _observed(_GangMember(ctx, checkpoint_name), _as_data(data), model, cfg, resume, task)
+def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None, tuned=None):
+    return _observed(_GangMember(ctx, checkpoint_name), _as_data(data), model, cfg, resume, task, tuned)
+
+
+def _tune(ctx, data, model, cfg: TrainConfig, task=None):
+    """A gang member that only tunes the replicas (see :func:`gpu.engine.tune_member`)."""
+    publish = _publisher(task, ctx.rank, ctx.size)
+
+    def on_tune(curve: list) -> None:
+        if ctx.rank == 0:
+            publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
+
+    return tune_member(_GangMember(ctx, ""), _as_data(data), model, cfg, on_tune=on_tune)
 
 
 def _last_checkpoint(name: str, client=None) -> dict | None:
@@ -219,7 +230,7 @@ def train(
     data = _as_data(data)
     restarts = 0
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
-    overheads = {"admission_seconds": 0.0, "data_seconds": 0.0}
+    overheads = {"admission_seconds": 0.0, "queued_seconds": 0.0, "data_seconds": 0.0, "tuning_seconds": 0.0}
     if workers == 1 or not _in_dask():
         out = _observed(Solo(), data, model, cfg, None, task)
         size = 1
@@ -229,9 +240,6 @@ def train(
         from .gang import GangError, gang_client, run_gang_timed
 
         with gang_client() as client:
-            remembered = _remembered_replicas(client, model, data, cfg, workers)
-            if remembered is not None:  # tuned before on this cluster for the same model, data and workers
-                cfg = dataclasses.replace(cfg, replicas=remembered["replicas"])
             # Named after the step's task key when inside Dask: if the worker running this step dies,
             # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
             name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
@@ -244,6 +252,7 @@ def train(
             if not started.is_set():
                 Variable(name, client=client).set(b"")
                 started.set()
+            tuned = None
             while True:
                 pool = None
                 alive = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -253,12 +262,14 @@ def train(
                 t0 = time.perf_counter()
                 shipped = client.scatter(data, workers=pool or alive, broadcast=True, hash=False)
                 overheads["data_seconds"] += time.perf_counter() - t0
-                member = functools.partial(
-                    _member, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
-                )
                 try:
+                    if cfg.replicas == "auto" and resume is None and tuned is None:
+                        tuned = _auto_replicas(client, shipped, data, model, cfg, pool, len(pool or alive),
+                                               task, timeout, overheads)
+                    member = functools.partial(_member, model=model, cfg=cfg, resume=resume,
+                                               checkpoint_name=name, task=task, tuned=tuned)
                     results, timings = run_gang_timed(client, member, pool, shipped, timeout=timeout)
-                    overheads["admission_seconds"] += timings["admission_s"]
+                    _count(overheads, timings)
                     break
                 except GangError as exc:
                     restarts += 1
@@ -275,14 +286,10 @@ def train(
             size = len(results)
             _forget(name, client)
             out["restart_errors"] = failures
-            if remembered is not None:
-                out.update(replicas_source="remembered", tuning=[tuple(p) for p in remembered["tuning"]])
-            elif out.get("replicas_source") == "tuned":
-                _remember_replicas(client, model, data, cfg, workers, out)
     return _summarise(out, model, cfg, size, restarts, overheads, time.perf_counter() - t_call)
 
 
-def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, workers: int | None) -> list[str] | None:
+def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) -> list[str] | None:
     """Where the scheduler remembers a tuned replica count: everything the tuner's choice depends on
     (the model, the data's shapes, batch size, sync period, tuner settings, the number of workers),
     and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
@@ -290,10 +297,10 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, workers: in
     from dask.base import tokenize
 
     try:
-        with dask_config_deterministic():
+        with _deterministic_tokens():
             token = tokenize(
                 model, cfg.batch_size, cfg.sync_every, cfg.max_replicas, cfg.tune_threshold, cfg.tune_steps,
-                cfg.partitions, cfg.algorithm, workers, tuple(data.x_train.shape), str(data.x_train.dtype),
+                cfg.partitions, cfg.algorithm, size, tuple(data.x_train.shape), str(data.x_train.dtype),
                 str(data.x_train.device), len(data.x_test),
             )
     except Exception:
@@ -301,31 +308,52 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, workers: in
     return ["quiver", "replicas-auto", token]
 
 
-def dask_config_deterministic():
+def _deterministic_tokens():
     import dask
 
     return dask.config.set({"tokenize.ensure-deterministic": True})
 
 
-def _remembered_replicas(client, model, data, cfg: TrainConfig, workers) -> dict | None:
-    if cfg.replicas != "auto":
-        return None
-    key = _replicas_memo_key(model, data, cfg, workers)
+def _count(overheads: dict, timings: dict) -> None:
+    """Add a gang's timings: waiting for other gangs (the admission lock) apart from admission."""
+    overheads["queued_seconds"] += timings["lock_s"]
+    overheads["admission_seconds"] += timings["admission_s"] - timings["lock_s"]
+
+
+def _auto_replicas(client, shipped, data, model, cfg: TrainConfig, pool, size: int, task, timeout,
+                   overheads: dict) -> dict:
+    """The replica count for ``replicas="auto"``: remembered by the scheduler from an earlier
+    tuning of the same model, data shapes, batch and workers, else tuned now by a gang of its own
+    and remembered. A lock per memo key makes concurrent runs wait for one tuning and share it."""
+    from distributed import Lock
+
+    from .gang import run_gang_timed
+
+    def tune() -> dict:
+        t0 = time.perf_counter()
+        results, timings = run_gang_timed(client, functools.partial(_tune, model=model, cfg=cfg, task=task),
+                                          pool, shipped, timeout=timeout)
+        _count(overheads, timings)
+        overheads["tuning_seconds"] += time.perf_counter() - t0 - timings["admission_s"]
+        return results[0]
+
+    key = _replicas_memo_key(model, data, cfg, size)
     if key is None:
-        return None
+        return tune()
+    lock = Lock(f"quiver-replicas-{key[-1]}", scheduler_rpc=client.scheduler, loop=client.loop)
+    t0 = time.perf_counter()
+    lock.acquire()
+    overheads["queued_seconds"] += time.perf_counter() - t0
     try:
-        return client.get_metadata(key, default=None)
-    except Exception:
-        return None
-
-
-def _remember_replicas(client, model, data, cfg: TrainConfig, workers, out: dict) -> None:
-    key = _replicas_memo_key(model, data, cfg, workers)
-    if key is not None:
-        try:
-            client.set_metadata(key, {"replicas": out["replicas"], "tuning": list(out["tuning"])})
-        except Exception:  # a memo: training never fails because of it
-            pass
+        memo = client.get_metadata(key, default=None)
+        if memo is not None:
+            return {**memo, "source": "remembered", "tuning_samples": 0}
+        tuned = tune()
+        client.set_metadata(key, {"replicas": tuned["replicas"], "tuning": [list(p) for p in tuned["tuning"]],
+                                  "step_compute": tuned["step_compute"]})
+        return tuned
+    finally:
+        lock.release()
 
 
 def _forget(name: str, client=None) -> None:
@@ -341,6 +369,8 @@ def _forget(name: str, client=None) -> None:
 def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int,
                overheads: dict | None = None, wall: float | None = None) -> dict:
     import torch
+
+    overheads = overheads or {}
 
     from .replicas import ParamLayout
 
@@ -375,11 +405,14 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "algorithm": cfg.algorithm,
         # where a branch's time went (seconds): the epochs' training loops, and everything else
         "training_seconds": training,
-        "tuning_seconds": float(timings.get("tuning_s", 0.0) + timings.get("partitions_s", 0.0)),
-        "admission_seconds": float((overheads or {}).get("admission_seconds", 0.0)),
-        "data_seconds": float((overheads or {}).get("data_seconds", 0.0)),
+        "tuning_seconds": float(timings.get("tuning_s", 0.0) + timings.get("partitions_s", 0.0)
+                                + overheads.get("tuning_seconds", 0.0)),
+        "admission_seconds": float(overheads.get("admission_seconds", 0.0)),
+        "queued_seconds": float(overheads.get("queued_seconds", 0.0)),
+        "data_seconds": float(overheads.get("data_seconds", 0.0)),
     }
     if wall is not None:
         result["wall_seconds"] = wall
-        result["overhead_seconds"] = max(wall - training, 0.0)
+        # what the branch cost besides its training loops and waiting for other branches' gangs
+        result["overhead_seconds"] = max(wall - training - result["queued_seconds"], 0.0)
     return result

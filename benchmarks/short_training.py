@@ -16,7 +16,9 @@ torch.func's first call: about 1-2 s per worker process, once per cluster).
 
 Per branch, from each branch's own result: ``training_seconds`` (the epochs' step loops),
 ``wall_seconds`` (the whole ``gpu.train`` call), ``overhead_seconds`` (their difference) and its
-parts (``admission_seconds``, ``data_seconds``, ``tuning_seconds``, evaluation). From outside:
+parts (``admission_seconds``, ``data_seconds``, ``tuning_seconds``, evaluation); the time a branch
+waited for another branch's gang (``queued_seconds``: gangs use every worker, so branches train
+one after the other) is not its overhead. From outside:
 (exploration wall - sum of training seconds) / branches, which adds Quiver's own scheduling
 and the data source. Target: < 1 s of overhead per branch (issue 13; before it was about
 4.9 s: 0.77 s of training in about 5.7 s per branch). Results go to
@@ -68,6 +70,7 @@ def branch_row(value: dict) -> dict:
         "training_s": value["training_seconds"],
         "wall_s": value["wall_seconds"],
         "overhead_s": value["overhead_seconds"],
+        "queued_s": value["queued_seconds"],
         "admission_s": value["admission_seconds"],
         "data_s": value["data_seconds"],
         "tuning_s": value["tuning_seconds"],
@@ -111,7 +114,7 @@ def main() -> int:
             runs["replicas=auto"].append(run_once(client, "auto", lrs))
     load_after = os.getloadavg()
 
-    cols = ["training_s", "wall_s", "overhead_s", "admission_s", "data_s", "tuning_s", "eval_s", "other_s"]
+    cols = ["training_s", "wall_s", "queued_s", "overhead_s", "admission_s", "data_s", "tuning_s", "eval_s", "other_s"]
     print(f"short trainings: {len(lrs)} branches x {repeats} explorations per configuration, MNIST MLP, "
           f"{EPOCHS} epochs, 2 workers x 1 thread; load average {load_before[0]:.2f} -> {load_after[0]:.2f} "
           f"on {os.cpu_count()} cores (shared machine: other load skews every timing)")
@@ -150,7 +153,7 @@ def main() -> int:
         "nproc": os.cpu_count(), "loadavg_before": list(load_before), "loadavg_after": list(load_after),
     }, indent=1, default=str) + "\n")
     print(f"wrote {output}")
-    return 0 if all(s["met"] for s in summary.values()) else 0
+    return 0
 
 
 if __name__ == "__main__":

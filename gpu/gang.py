@@ -19,9 +19,9 @@ member's next or current collective raises :class:`~gpu.allreduce.CollectiveErro
 a member whose worker dies is noticed through the closed connections and the scheduler, and
 :func:`run_gang` raises :class:`GangError` with the failing rank, its worker and exception.
 
-Called from inside a Dask task (a pipeline step that trains), :func:`run_gang` uses
-``distributed.worker_client()``, which secedes the calling task so its thread can host a
-member. Nested gangs (``fn`` calling ``run_gang``) are untested.
+Called from inside a Dask task (a pipeline step that trains), :func:`run_gang` uses the
+worker's client and secedes the calling task from the thread pool (:func:`gang_client`), so its
+thread can host a member. Nested gangs (``fn`` calling ``run_gang``) are untested.
 
 >>> def total(ctx, n):
 ...     import torch
@@ -99,13 +99,16 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
     from distributed import Event, Queue, Variable, get_client, get_worker
 
+    began = time.perf_counter()
     worker = get_worker()
     size = len(workers)
     coll = Collective(rank, size, timeout=timeout, group=name, algorithm=algorithm, worker=worker)
     try:
         client = get_client()
         checkin = Queue(f"{name}-checkin", client=client)
-        checkin.put((rank, coll.address or ""), timeout=timeout)
+        # how long this member took from starting to checking in: the client subtracts it from
+        # the check-in's arrival to tell when the member started (no clocks compared)
+        checkin.put((rank, coll.address or "", time.perf_counter() - began), timeout=timeout)
         checkin.close()
         started = Event(f"{name}-start", client=client)
         deadline = None if admission_timeout is None else time.monotonic() + admission_timeout
@@ -157,8 +160,8 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
              algorithm: str = "auto", priority: int = 0, **kwargs: Any) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` as a gang, one member per worker; results by rank.
 
-    ``client``: a ``distributed.Client`` (``None``: the current one; inside a task,
-    ``worker_client()`` is used either way). ``workers``: worker addresses in rank order
+    ``client``: a ``distributed.Client`` (``None``: the current one; inside a task, the
+    worker's client is used either way, see :func:`gang_client`). ``workers``: worker addresses in rank order
     (``None``: every worker, sorted). ``timeout`` bounds every collective wait (seconds);
     ``admission_timeout`` bounds the wait for the lock and for the members to start
     (``None``: wait while the workers are alive: a gang may queue behind long trainings).
@@ -185,9 +188,9 @@ def run_gang_timed(client: Any, fn: Callable, workers: Sequence[str] | None = No
                    algorithm: str = "auto", priority: int = 0,
                    **kwargs: Any) -> tuple[list[Any], dict[str, float]]:
     """:func:`run_gang`, also returning where the time went: ``lock_s`` (waiting for the
-    admission lock), ``admission_s`` (from asking for the lock until every member had checked
-    in: the lock, submitting, the members starting), ``run_s`` (from then until the results
-    were back).
+    admission lock), ``wait_s`` (then until the last member started: its worker was busy, e.g.
+    with another gang), ``admission_s`` (from asking for the lock until every member had checked
+    in, both included), ``run_s`` (from then until the results were back).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -200,9 +203,11 @@ _state = threading.local()
 
 @contextlib.contextmanager
 def gang_client(client: Any = None):
-    """The client gangs are launched with: inside a Dask task, ``worker_client()`` (the task
-    secedes, so its thread can host a member; entered once however deeply nested), else
-    ``client`` or the current one.
+    """The client gangs are launched with: inside a Dask task, the worker's client, the task
+    having seceded from the worker's thread pool (so its thread can host a member) for good,
+    else ``client`` or the current one. The task never rejoins the pool: rejoining waits for a
+    free thread, and on a worker whose one thread now runs another gang's member that wait
+    lasts that gang's whole training (seen as seconds of overhead per branch).
 
     >>> with gang_client() as c:                                     # doctest: +SKIP
     ...     future = c.scatter(data, broadcast=True)
@@ -213,14 +218,18 @@ def gang_client(client: Any = None):
         yield held
         return
     if _inside_task():
-        from distributed import worker_client
+        from distributed import get_client, secede
 
-        with worker_client() as wc:
-            _state.client = wc
-            try:
-                yield wc
-            finally:
-                _state.client = None
+        wc = get_client()
+        try:
+            secede()
+        except KeyError:  # seceded already (an earlier gang in this task)
+            pass
+        _state.client = wc
+        try:
+            yield wc
+        finally:
+            _state.client = None
         return
     if client is None:
         from distributed import get_client
@@ -288,7 +297,9 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
                               priority=priority)
                 for rank, address in enumerate(workers)
             ]
-            addresses = _admit(client, name, workers, futures, checkin, deadline)
+            addresses, last_start = _admit(client, name, workers, futures, checkin, deadline)
+            # waiting for busy workers to start the members (e.g. another gang's training) is queueing
+            timings["wait_s"] = max(last_start - t0 - timings["lock_s"], 0.0)
             peers.set({"addresses": addresses})
             started.set()
         except BaseException as e:
@@ -314,14 +325,18 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
                 pass
 
 
-def _admit(client, name, workers, futures, checkin, deadline) -> list[str]:
-    """Wait (holding the lock) until every member has checked in with its listener address."""
+def _admit(client, name, workers, futures, checkin, deadline) -> tuple[list[str], float]:
+    """Wait (holding the lock) until every member has checked in with its listener address;
+    return the addresses and when (``perf_counter``, estimated) the last member started."""
     addresses: list[str | None] = [None] * len(workers)
+    last_start = 0.0
     pause = 0.01
     while any(a is None for a in addresses):
         arrived = checkin.get(batch=True)  # what is there now; blocking gets log scheduler errors
-        for rank, address in arrived:
+        now = time.perf_counter()
+        for rank, address, took in arrived:
             addresses[rank] = address
+            last_start = max(last_start, now - took)
         if arrived:
             pause = 0.01
             continue
@@ -339,7 +354,7 @@ def _admit(client, name, workers, futures, checkin, deadline) -> list[str]:
             raise GangError(f"gang {name}: ranks {waiting} did not start within admission_timeout "
                             f"(workers {[workers[r] for r in waiting]} busy?)", rank=waiting[0],
                             worker=workers[waiting[0]])
-    return addresses  # type: ignore[return-value]
+    return addresses, last_start  # type: ignore[return-value]
 
 
 def _gather(client, name, workers, futures, timeout) -> list[Any]:

@@ -315,9 +315,11 @@ def _deterministic_tokens():
 
 
 def _count(overheads: dict, timings: dict) -> None:
-    """Add a gang's timings: waiting for other gangs (the admission lock) apart from admission."""
-    overheads["queued_seconds"] += timings["lock_s"]
-    overheads["admission_seconds"] += timings["admission_s"] - timings["lock_s"]
+    """Add a gang's timings: waiting for other gangs (their admission, their workers) apart from
+    this gang's own admission."""
+    queued = timings["lock_s"] + timings.get("wait_s", 0.0)
+    overheads["queued_seconds"] += queued
+    overheads["admission_seconds"] += max(timings["admission_s"] - queued, 0.0)
 
 
 def _auto_replicas(client, shipped, data, model, cfg: TrainConfig, pool, size: int, task, timeout,

@@ -59,7 +59,7 @@ def config(quick: bool) -> dict:
 def cluster(cfg, planned: bool):
     from distributed import Client, LocalCluster
 
-    from graph.spill import PlannedSpillBuffer
+    from graph.memory.spill import PlannedSpillBuffer
 
     limit = cfg["budget"] // cfg["workers"]
     kw = dict(n_workers=cfg["workers"], threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -104,7 +104,7 @@ def run_per_branch(cfg) -> dict:
     import dask
     from distributed import as_completed
 
-    from graph.budget import spill_counters, _delta
+    from graph.memory.budget import spill_counters, _delta
     from graph.monitor import RunMonitor, snapshot_on_scheduler
     from tests.big_steps import clean, evaluate, features, fit, make_data, refit
 

@@ -91,7 +91,7 @@ class _GangMember:
 
 
 # The Quiver dashboard (graph/dashboard.py) reads these events; gpu cannot import graph, so the
-# topic name is repeated here (graph.events.TRAINING_TOPIC; a test checks they agree).
+# topic name is repeated here (graph.dashboard.protocol.TRAINING_TOPIC; a test checks they agree).
 TRAINING_TOPIC = "quiver-training"
 
 

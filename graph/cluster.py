@@ -43,7 +43,7 @@ def connect(
 
     ``memory_budget`` (embedded cluster only): the total for all workers, split
     evenly into their ``memory_limit``; each worker keeps its results in a
-    :class:`graph.spill.PlannedSpillBuffer` so a run's memory plan decides what
+    :class:`graph.memory.spill.PlannedSpillBuffer` so a run's memory plan decides what
     is spilled first.
     """
     if isinstance(client, Client):
@@ -66,8 +66,8 @@ def connect(
         dashboard_address=dashboard_address,
     )
     if memory_budget is not None:
-        from .budget import worker_limits
-        from .spill import PlannedSpillBuffer
+        from .memory.budget import worker_limits
+        from .memory.spill import PlannedSpillBuffer
 
         limit = worker_limits(memory_budget, kwargs["n_workers"])
         kwargs["memory_limit"] = limit

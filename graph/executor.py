@@ -25,13 +25,13 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
-from .budget import BudgetedRun
+from .memory.budget import BudgetedRun
 from .compiler import CompiledPipeline
 from .errors import RunError
 from .monitor import RunMonitor, snapshot_on_scheduler
 from .progress import Progress
 from .dashboard import ensure_dashboard
-from .events import ExplorationPublisher, TrainingWatch
+from .dashboard.protocol import ExplorationPublisher, TrainingWatch
 from .ranking import decide
 from .table import RowState, build_table
 
@@ -524,7 +524,7 @@ def execute(
 
     ``store``: a directory (or ``graph.store.ResultStore``) of results kept across runs.
     ``memory_budget``: total bytes for all workers (``"2 GiB"``): the run is planned
-    (``graph.memory_plan``) and the plan installed on the workers (``graph.budget``).
+    (``graph.memory.plan``) and the plan installed on the workers (``graph.memory.budget``).
     ``sample_sizes``: run the first branch alone first and plan with its measured sizes.
     ``order``: ``"depth-first"`` (Quiver's priorities) or ``"dask"`` (Dask's own ordering).
     ``disk_bandwidth``: bytes/s the plan assumes for spilling (default: measured on a worker).

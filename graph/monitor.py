@@ -91,7 +91,7 @@ class RunMonitor(SchedulerPlugin):
         if kwargs.get("nbytes") is not None:
             self.nbytes[key] = kwargs["nbytes"]
             if self.limit is not None and self.topic and kwargs["nbytes"] > self.limit and self._scheduler:
-                from .budget import oversized_message
+                from .memory.budget import oversized_message
 
                 self._scheduler.log_event(self.topic, oversized_message(key, kwargs["nbytes"], self.limit))
 

@@ -26,7 +26,7 @@ class Progress:
         self.start = time.monotonic()
         self._last = 0.0
         self._shown = False
-        self.extra = ""  # e.g. the latest training epoch (graph.events.TrainingWatch sets it)
+        self.extra = ""  # e.g. the latest training epoch (graph.dashboard.protocol.TrainingWatch sets it)
 
     def update(
         self,

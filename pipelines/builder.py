@@ -168,7 +168,7 @@ class Node:
         threshold: float | None = None,
         per: str | None = None,
     ) -> "Node":
-        """Keep the best branches by ``metric`` (see DESIGN §2 for each mode).
+        """Keep the best branches by ``metric`` (see docs/architecture.md §2 for each mode).
 
         ``metric`` is a key of the step's mapping output, or a callable on it.
         Neither ``k`` nor ``threshold``: the single best.  ``k``: the top ``k``.
@@ -235,7 +235,7 @@ class Node:
         """
         import dataclasses
 
-        from graph.sizes import parse_bytes
+        from graph.memory.sizes import parse_bytes
 
         where = f"{describe(self.spec)} -> size_hint({nbytes!r})"
         try:

@@ -182,7 +182,7 @@ def _print_result(result, out) -> None:
         file=out,
     )
     if "memory_budget_bytes" in s:
-        from graph.sizes import format_bytes
+        from graph.memory.sizes import format_bytes
 
         print(
             f"memory: budget {format_bytes(s['memory_budget_bytes'])}, predicted peak "

@@ -42,8 +42,8 @@ def run_node(
 
     check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
     if memory_budget is not None:  # a bad budget, or a step hinted too big, fails before a cluster starts
-        from graph.memory_plan import plan_memory
-        from graph.sizes import parse_bytes
+        from graph.memory.plan import plan_memory
+        from graph.memory.sizes import parse_bytes
 
         try:
             parse_bytes(memory_budget)

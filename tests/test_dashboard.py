@@ -146,7 +146,7 @@ def test_training_curves_are_published(client, capsys):
 
 
 def test_topic_names_agree():
-    from graph.events import TRAINING_TOPIC
+    from graph.dashboard.protocol import TRAINING_TOPIC
     from gpu.training import TRAINING_TOPIC as GPU_TOPIC
 
     assert TRAINING_TOPIC == GPU_TOPIC
@@ -212,7 +212,7 @@ class FakeClient:
 
 def test_big_explorations_publish_a_summary_only(monkeypatch):
     import graph
-    import graph.events as events
+    import graph.dashboard.protocol as events
 
     node = sleepy_exploration(name="big", seconds=(0.1, 0.2))
     compiled = graph.compile(node)
@@ -237,7 +237,7 @@ def test_big_explorations_publish_a_summary_only(monkeypatch):
 def test_terminal_training_line_only_when_progress_is_shown():
     import io
 
-    from graph.events import TRAINING_TOPIC, TrainingWatch
+    from graph.dashboard.protocol import TRAINING_TOPIC, TrainingWatch
     from graph.progress import Progress
 
     quiet, fake = Progress(enabled=None, stream=io.StringIO()), FakeClient()  # not a terminal: quiet
@@ -256,7 +256,7 @@ def test_terminal_training_line_only_when_progress_is_shown():
 
 
 def test_table_escapes_names_and_keeps_fixed_columns_apart():
-    from graph.dashboard_pages import ExplorationPage
+    from graph.dashboard.pages import ExplorationPage
 
     page = ExplorationPage(scheduler=None)
     evil = "<img src=x onerror=alert(1)>"
@@ -278,7 +278,7 @@ def test_table_escapes_names_and_keeps_fixed_columns_apart():
 
 def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run():
     from graph.dashboard import QuiverDashboard
-    from graph.events import EXPLORATION_TOPIC, TRAINING_TOPIC
+    from graph.dashboard.protocol import EXPLORATION_TOPIC, TRAINING_TOPIC
 
     plugin = QuiverDashboard(max_runs=3)
     branches = [{"id": i, "key": f"k{i}", "choices": [], "lineage": ["load", f"train-{i}"]} for i in range(50)]

@@ -9,8 +9,8 @@ import pytest
 
 import graph
 from graph import PipelineError
-from graph.memory_plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
-from graph.sizes import SizeEstimates, parse_bytes
+from graph.memory.plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
+from graph.memory.sizes import SizeEstimates, parse_bytes
 from pipelines import Pipeline, grid
 
 MB = 10**6
@@ -239,7 +239,7 @@ def test_parse_bytes_rejects_nonsense(bad):
 
 
 def test_planned_spill_buffer_evicts_by_plan_on_real_disk(tmp_path):
-    from graph.spill import NextUses, PlannedSpillBuffer
+    from graph.memory.spill import NextUses, PlannedSpillBuffer
 
     buf = PlannedSpillBuffer(str(tmp_path), target=3000)
     buf.fast.plan = NextUses({"soon": (5,), "mid": (20,), "late": (50,), "new": (30,), "more": (10,)})

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PipelineError
+from ..errors import PipelineError
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 The executor calls this when a run has a ``memory_budget``: it measures an idle
 worker's memory, optionally runs the first branch as a sampling pass (its results
-are kept and reused by the run), plans with :func:`graph.memory_plan.plan_memory`,
+are kept and reused by the run), plans with :func:`graph.memory.plan.plan_memory`,
 marks the results it plans to drop and recompute, installs the plan's eviction order
-and spill target on every worker (:class:`graph.spill.MemoryPlanPlugin`), and
+and spill target on every worker (:class:`graph.memory.spill.MemoryPlanPlugin`), and
 asks the scheduler-side monitor to stop the run at once if a result turns out
 larger than a worker's share of the budget.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import RunError
-from .memory_plan import SPILL_FRACTION, MemoryPlan, plan_memory
+from ..errors import RunError
+from .plan import SPILL_FRACTION, MemoryPlan, plan_memory
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 
@@ -100,7 +100,7 @@ def measure_disk_bandwidth(client: Any) -> float:
     try:
         speeds = client.run(_disk_speed)
     except Exception:  # no numpy or no local directory: fall back to the planner's default
-        from .memory_plan import DEFAULT_DISK_BANDWIDTH
+        from .plan import DEFAULT_DISK_BANDWIDTH
 
         return DEFAULT_DISK_BANDWIDTH
     return float(min(speeds.values()))
@@ -183,7 +183,7 @@ class BudgetedRun:
     def _droppable(ex: Any, plan: MemoryPlan) -> frozenset:
         """What the plan drops, less the results of steps that must not run twice (they are
         spilled instead: recomputing them would be a second run)."""
-        from .store import is_rerun_safe
+        from ..store import is_rerun_safe
 
         return frozenset(
             k for k in plan.droppable if k not in ex.c.graph or is_rerun_safe(getattr(ex.c.graph[k], "func", None))
@@ -191,7 +191,7 @@ class BudgetedRun:
 
     def _plan(self, ex: Any, strict: bool) -> MemoryPlan:
         """A plan from the sizes and seconds measured so far and the chooses' decisions."""
-        from .monitor import snapshot_on_scheduler
+        from ..monitor import snapshot_on_scheduler
 
         workers, baseline, monitor_name = self.planned_with
         snap = self.client.run_on_scheduler(snapshot_on_scheduler, name=monitor_name)

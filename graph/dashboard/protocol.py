@@ -31,6 +31,11 @@ import time
 from typing import Any
 
 __all__ = [
+    "COLORS",
+    "EXPLORATION_PAGE",
+    "JSON_PATH",
+    "PLUGIN_NAME",
+    "TRAINING_PAGE",
     "EXPLORATION_TOPIC",
     "TRAINING_TOPIC",
     "STATUSES",
@@ -41,6 +46,24 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# The scheduler plugin's name, its pages and JSON route, and the status colours the pages use.
+PLUGIN_NAME = "quiver-dashboard"
+EXPLORATION_PAGE = "quiver-exploration"
+TRAINING_PAGE = "quiver-training"
+JSON_PATH = "quiver/api/state.json"
+MAX_RUNS = 20
+MAX_TRAININGS = 200
+
+COLORS = {
+    "waiting": "#c7c7c7",
+    "running": "#3182bd",
+    "done": "#74c476",
+    "chosen": "#e6550d",
+    "failed": "#252525",
+    "pruned": "#fdd0a2",
+    "cancelled": "#9e9ac8",
+}
 
 EXPLORATION_TOPIC = "quiver-exploration"
 TRAINING_TOPIC = "quiver-training"  # gpu/training.py publishes under the same name (gpu cannot import graph)
@@ -64,7 +87,7 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [jsonable(v, depth + 1) for v in value]
     if callable(value):
-        from .spec import fn_name
+        from ..spec import fn_name
 
         return fn_name(value)
     text = str(value)
@@ -79,7 +102,7 @@ def final_status(table_status: str, chosen: bool) -> str:
 
 
 def _pipeline_name(spec: Any) -> str:
-    from .spec import pipeline_name
+    from ..spec import pipeline_name
 
     try:
         return pipeline_name(spec)

@@ -3,7 +3,7 @@
 :class:`QuiverDashboard` is a ``SchedulerPlugin``. It keeps, per run, the explore/choose
 tree with each branch's status, choices and metrics (fed by the run's
 ``quiver-exploration`` events) and, per training branch, the per-epoch curves that
-``gpu.train``'s gang members publish on ``quiver-training`` (see :mod:`graph.events`).
+``gpu.train``'s gang members publish on ``quiver-training`` (see :mod:`graph.dashboard.protocol`).
 When it starts on a scheduler with a dashboard it adds, to that same HTTP server:
 
 * ``/quiver-exploration``: the tree (colour = status, the chosen branch ringed) and a
@@ -40,7 +40,19 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .events import EXPLORATION_TOPIC, STATUSES, TRAINING_TOPIC, jsonable
+from .protocol import (
+    COLORS,
+    EXPLORATION_PAGE,
+    EXPLORATION_TOPIC,
+    JSON_PATH,
+    MAX_RUNS,
+    MAX_TRAININGS,
+    PLUGIN_NAME,
+    STATUSES,
+    TRAINING_PAGE,
+    TRAINING_TOPIC,
+    jsonable,
+)
 
 __all__ = [
     "PLUGIN_NAME",
@@ -55,22 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_NAME = "quiver-dashboard"
-EXPLORATION_PAGE = "quiver-exploration"
-TRAINING_PAGE = "quiver-training"
-JSON_PATH = "quiver/api/state.json"
-MAX_RUNS = 20
-MAX_TRAININGS = 200
-
-COLORS = {
-    "waiting": "#c7c7c7",
-    "running": "#3182bd",
-    "done": "#74c476",
-    "chosen": "#e6550d",
-    "failed": "#252525",
-    "pruned": "#fdd0a2",
-    "cancelled": "#9e9ac8",
-}
 
 
 def _choice_text(label: str, params: dict) -> str:
@@ -403,7 +399,7 @@ def install_pages(scheduler) -> bool:
     from distributed.dashboard.core import BokehApplication
     from distributed.dashboard.scheduler import template_variables
 
-    from . import dashboard_pages
+    from . import pages as dashboard_pages
 
     variables = template_variables(scheduler)  # shared with the dashboard's own pages: they link ours too
     for page in (EXPLORATION_PAGE, TRAINING_PAGE):

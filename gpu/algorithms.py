@@ -5,7 +5,7 @@ loop (data, epochs, learning-rate drops, evaluation, checkpoints, tuning) and ne
 algorithm it runs. Every algorithm is built with everything its :meth:`~Algorithm.step` reads
 (the all-reduce, the partitioned sync), so no step can run before its sync exists.
 
-* :class:`SMA`: Crossbow's synchronous model averaging (the equations of ``docs/`` §5, in
+* :class:`SMA`: Crossbow's synchronous model averaging (the equations of ``docs/architecture.md`` §5, in
   :mod:`gpu.sma`): each replica steps on its own batch; every τ steps the group's corrections
   are summed over all workers (optionally a rotating ``1/p`` slice, :class:`gpu.tuning.PartitionedSync`)
   and move the central model ``z``.

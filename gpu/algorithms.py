@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from .replicas import ReplicaGroup, SSGDGroup

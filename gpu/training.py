@@ -26,7 +26,6 @@ worker dies, the run resumes on the remaining workers from the last checkpoint (
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import pickle
 import time

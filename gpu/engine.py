@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .replicas import ReplicaGroup, SSGDGroup, replica_batches
 from .sma import SMAConfig
-from .tuning import PartitionedSync, ReplicaTuner, choose_partitions
+from .tuning import PartitionedSync, ReplicaTuner, choose_partitions, partition_limit
 
 __all__ = ["TrainConfig", "Solo", "run_member", "shard"]
 
@@ -108,6 +108,12 @@ class _Timer:
     compute: float = 0.0
     sync: float = 0.0
     samples: int = 0
+    rounds: int = 0  # sync rounds (all-reduces of a correction or gradient)
+
+
+def _bytes_sent(ctx: Any) -> int:
+    """Payload bytes this member's comm layer has sent so far (0 without peers)."""
+    return int(getattr(ctx, "bytes_sent", 0) or 0)
 
 
 def shard(x: Tensor, y: Tensor, rank: int, size: int) -> tuple[Tensor, Tensor]:
@@ -167,6 +173,7 @@ def run_member(
         sync_before = timer.sync
         if cfg.algorithm == "ssgd":
             losses = group.train_step(xb, yb, allreduce=timed_allreduce, world_replicas=world)
+            timer.rounds += 1
             # the gradient all-reduce runs inside train_step: count it as sync, not compute
             timer.compute += time.perf_counter() - t0 - (timer.sync - sync_before)
         else:
@@ -181,6 +188,7 @@ def run_member(
                     part = sync.exchange(c)
                     group.apply_central(part.dense(group.num_params, ctx.allreduce(part.values)))
                 timer.sync += time.perf_counter() - t1
+                timer.rounds += 1
         timer.samples += xb.shape[0] * xb.shape[1]
         return losses
 
@@ -194,17 +202,19 @@ def run_member(
             on_tune(list(tuning))
         k = group.replicas
         world = ctx.size * k
-    if cfg.algorithm == "sma":
-        p = _partitions(ctx, group, cfg, timer)
-        if p > 1:
-            sync = PartitionedSync(group.num_params, p, device=group.device, dtype=group.z.dtype)
-
     steps = _steps_per_epoch(len(x_train), ctx.size, k, cfg.batch_size)
     if steps < 1:
         raise ValueError(
             f"train: {len(x_train)} training samples over {ctx.size} worker(s) cannot fill one step of "
             f"{k} replica(s) x batch_size={cfg.batch_size}; use fewer replicas or a smaller batch"
         )
+    sync_tuning: dict = {}
+    if cfg.algorithm == "sma":  # partial exchange (Ako): a fixed p, or "auto" bounded by the epoch's rounds
+        sync, sync_tuning = _initial_sync(ctx, group, cfg, steps)
+        if sync is not None and cfg.partitions == "auto":  # measure with the bound's p, then choose
+            if timer.samples == 0:
+                tuning_samples += _time_compute(group, xs, ys, cfg, timer, step, gen)
+            sync, sync_tuning = _choose_sync(ctx, group, cfg, timer, sync, sync_tuning)
     for epoch in range(start_epoch, cfg.epochs):
         if epoch in cfg.lr_drops:
             if sync is not None:
@@ -215,7 +225,8 @@ def run_member(
                 group.config = group.config.with_lr(group.config.lr * cfg.lr_drop_factor)
             lr = group.config.lr
         timer.compute = timer.sync = 0.0
-        timer.samples = 0
+        timer.samples = timer.rounds = 0
+        sent0 = _bytes_sent(ctx)
         t0 = time.perf_counter()
         losses = []
         batches = replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
@@ -233,6 +244,9 @@ def run_member(
             "samples_per_s": timer.samples * ctx.size / seconds if seconds > 0 else float("nan"),
             "compute_s": timer.compute,
             "sync_s": timer.sync,
+            "sync_rounds": timer.rounds,
+            # payload bytes this member sent in the epoch, end-of-epoch flush included (comm counters)
+            "bytes_sent": _bytes_sent(ctx) - sent0,
             "replicas": k,
             "lr": lr,
             "spread": (max(group.spread()) if cfg.algorithm == "sma" else 0.0),
@@ -264,6 +278,7 @@ def run_member(
         "tuning": tuning,
         "tuning_samples": tuning_samples,
         "partitions": sync.partitions if sync is not None else 1,
+        "sync_tuning": sync_tuning,
     }
 
 
@@ -306,16 +321,50 @@ def _tune_replicas(ctx, group, xs, ys, cfg: TrainConfig, step_fn, gen) -> tuple[
     return group, tuner.curve, trained
 
 
-def _partitions(ctx, group, cfg: TrainConfig, timer: _Timer) -> int:
-    """Ako's rule: split the exchange when sending the whole correction costs more than compute."""
+# SMA's corrections restate the current gap to z each round: a slice sends its latest one (see PartitionedSync)
+_COMBINE = "latest"
+
+
+def _initial_sync(ctx, group, cfg: TrainConfig, steps: int) -> tuple[PartitionedSync | None, dict]:
+    """The partial exchange to start with: ``partitions`` as given, or for ``"auto"`` (with peers)
+    the most partitions that still send every slice ``exchanges_per_epoch`` times an epoch
+    (:func:`gpu.tuning.partition_limit`), used while the compute and bandwidth are measured."""
+    n = group.num_params
     if cfg.partitions != "auto":
-        return min(cfg.partitions, group.num_params)
-    if ctx.size == 1:
-        return 1
-    measure = getattr(ctx, "bandwidth", None)
-    if measure is None:
-        return 1
+        p = min(cfg.partitions, n)
+        return (PartitionedSync(n, p, device=group.device, dtype=group.z.dtype, combine=_COMBINE) if p > 1 else None), {}
+    limit = min(partition_limit(max(steps // cfg.sync_every, 1)), n)
+    if ctx.size == 1 or getattr(ctx, "bandwidth", None) is None or limit == 1:
+        return None, {"limit": limit, "partitions": 1}
+    return PartitionedSync(n, limit, device=group.device, dtype=group.z.dtype, combine=_COMBINE), {"limit": limit}
+
+
+def _time_compute(group, xs, ys, cfg: TrainConfig, timer: _Timer, step_fn, gen) -> int:
+    """Time the compute between syncs over a few real steps (they train; their samples are returned)."""
+    def batches():
+        while True:
+            yield from replica_batches(xs, ys, group.replicas, cfg.batch_size, generator=gen)
+
+    stream, trained = batches(), 0
+    for i in range(1 + 4 * cfg.sync_every):
+        if i == 1:  # the first step warms up (allocation, vmap tracing): not timed
+            timer.compute, timer.samples = 0.0, 0
+        xb, yb = next(stream)
+        step_fn(xb, yb)
+        trained += xb.shape[0] * xb.shape[1]
+    return trained
+
+
+def _choose_sync(ctx, group, cfg: TrainConfig, timer: _Timer, sync: PartitionedSync, record: dict):
+    """Ako's rule within the bound: the fewest partitions whose exchange fits in the compute between
+    syncs, the bandwidth measured on the gang's own collective (the worker-to-worker path)."""
     nbytes = group.num_params * group.z.element_size()
-    bandwidth, latency = measure(nbytes)
+    bandwidth, latency = ctx.bandwidth(nbytes)
     compute = max(timer.compute / max(timer.samples / (group.replicas * cfg.batch_size), 1), 1e-6)
-    return min(choose_partitions(nbytes, bandwidth, latency, compute * cfg.sync_every), group.num_params)
+    p = choose_partitions(nbytes, bandwidth, latency, compute * cfg.sync_every, max_partitions=record["limit"])
+    record = {**record, "bandwidth": bandwidth, "latency": latency,
+              "compute_per_round_s": compute * cfg.sync_every, "partitions": p}
+    if p == 1:
+        _flush(sync, group, ctx)
+        return None, record
+    return sync.repartition(p), record

@@ -43,6 +43,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import argparse
 import json
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -126,7 +127,7 @@ def client_main(cfg: dict) -> dict:
             data = c.submit(gpu.load_mnist_tensors, seed=0)
             data.result()
             model = functools.partial(gpu.MLP, 784, 10, hidden=tuple(cfg["hidden"]))
-            for run in range(cfg["runs"]):
+            for run in range(cfg.get("first_run", 0), cfg.get("first_run", 0) + cfg["runs"]):
                 order = [1, "auto"] if run % 2 == 0 else ["auto", 1]
                 for partitions in order:
                     t0 = time.perf_counter()
@@ -208,19 +209,42 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--rates", default="1gbit,100mbit,20mbit")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--first-run", type=int, default=0, help="index (and seed) of the first run, to add runs later")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--target", type=float, default=TARGET)
     ap.add_argument("--no-allreduce", action="store_true")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "hosts.json"))
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="print the table again from earlier results (several files: their runs are pooled)")
     args = ap.parse_args(argv)
+    if args.report:
+        records = [json.loads(Path(f).read_text()) for f in args.report]
+        merged = dict(records[0])
+        merged["results"] = []
+        for rec in records:  # pool the runs of the same (workers, rate); all-reduce from the first that has it
+            for res in rec["results"]:
+                same = next((r for r in merged["results"] if (r["workers"], r["rate"]) == (res["workers"], res["rate"])), None)
+                if same is None:
+                    merged["results"].append(json.loads(json.dumps(res)))
+                else:
+                    same.setdefault("train", []).extend(res.get("train", []))
+                    if not same.get("allreduce"):
+                        same["allreduce"] = res.get("allreduce")
+        print(report(merged, args.target))
+        return 0
     if args.client:
         cfg = json.loads(Path(args.client).read_text())
         print(json.dumps(client_main(cfg)))
         return 0
 
     from tests.hosts import Hosts, why_not_available
+
+    # stopped by a signal (also when started in the background, where SIGINT is ignored), the
+    # namespaces and processes are still torn down: Hosts.close runs as the exception unwinds
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     reason = why_not_available()
     if reason is not None:
@@ -245,6 +269,7 @@ def main(argv=None) -> int:
                     h.shape(i, rate)
                 print(f"  {rate}", file=sys.stderr, flush=True)
                 cfg = {"address": h.address, "train": not args.no_train, "runs": args.runs, "epochs": epochs,
+                       "first_run": args.first_run,
                        "hidden": hidden, "sizes": sizes, "repeats": 3 if rate == "20mbit" else 5,
                        "algorithms": [] if args.no_allreduce else ["ring", "tree"]}
                 path = h.logs / f"cfg-{rate}.json"

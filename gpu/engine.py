@@ -361,6 +361,8 @@ def _choose_sync(ctx, group, cfg: TrainConfig, timer: _Timer, sync: PartitionedS
     nbytes = group.num_params * group.z.element_size()
     bandwidth, latency = ctx.bandwidth(nbytes)
     compute = max(timer.compute / max(timer.samples / (group.replicas * cfg.batch_size), 1), 1e-6)
+    # every member must choose the same p: decide on the members' mean compute, not this one's
+    compute = ctx.allreduce(torch.tensor([compute], dtype=torch.float64)).item() / ctx.size
     p = choose_partitions(nbytes, bandwidth, latency, compute * cfg.sync_every, max_partitions=record["limit"])
     record = {**record, "bandwidth": bandwidth, "latency": latency,
               "compute_per_round_s": compute * cfg.sync_every, "partitions": p}

@@ -1,4 +1,5 @@
-"""Benchmark: one exploration with an expensive shared prefix, four ways.
+"""Benchmark: explorations with shared prefixes, Quiver against one Dask job per branch,
+scikit-learn's GridSearchCV with a cached Pipeline and dask-ml's GridSearchCV.
 
     python benchmarks/explore_vs_naive.py                 # full run (~4 minutes on 2 cores)
     python benchmarks/explore_vs_naive.py --quick         # smoke test: 1 repetition, small problem
@@ -11,6 +12,9 @@ by cheap model branches (LogisticRegression over C, RidgeClassifier over alpha),
 scored by validation accuracy, best kept.  Methods, all on the same 2 cores:
 
 (a) Quiver: one deduplicated graph on a LocalCluster(2 workers x 1 thread, processes).
+(a') the same with ``graph.placement`` installed around the run: the moment a result that
+    several steps read (the source, each PCA) is in memory, the other worker is asked to fetch
+    a copy (Dask's acquire-replicas), before its holder starts a GIL-holding SVD.
 (b) Dask, one separate job per branch: each branch's full path (load -> features ->
     model) as its own ``client.compute`` of ``dask.delayed(pure=False)`` tasks, no
     sharing between jobs, all submitted at once to the same cluster.
@@ -32,7 +36,12 @@ scheduler's task stream).  Targets: Quiver executes exactly its unique tasks
 All methods must find the same validation scores for every configuration (checked).
 Results go to ``benchmarks/results/explore_vs_naive.json``.
 
-Note: scikit-learn's PCA(svd_solver="full") calls scipy.linalg.svd, which holds the GIL
+Shape 2 (``--shapes pca,scalers``, both by default): a cheap prefix with many fits: the
+source, 3 scalers (none, standard, min-max) x 30 models (LogisticRegression over 15 C,
+RidgeClassifier over 15 alpha) on a smaller table; (a), (c) and (d) only, interleaved, the
+order reversed every other repetition; target: Quiver at least as fast as (c) and (d).
+
+Methods run interleaved, the order reversed every other repetition. Note: scikit-learn's PCA(svd_solver="full") calls scipy.linalg.svd, which holds the GIL
 for the whole SVD (~1.4 s here).  The worker that computed the shared source then
 cannot serve it while it runs its first PCA, so in (a) and (d) the other worker idles
 for about one PCA at the start; (b) and (c) never move the table between workers.
@@ -99,6 +108,7 @@ LOGREG_MAX_ITER = 1000
 SOURCE_KEYS = ("seed", "n_samples", "n_features", "n_latent", "n_classes", "val_fraction")
 METHODS = {
     "quiver": "(a) Quiver",
+    "quiver_placed": "(a') Quiver + graph.placement",
     "dask_per_branch": "(b) Dask, one job per branch",
     "sklearn": "(c) sklearn GridSearchCV(n_jobs=2, memory)",
     "dask_ml": "(d) dask-ml GridSearchCV",
@@ -249,13 +259,22 @@ def build_quiver(cfg):
     return scored.choose("accuracy", mode="max")  # the choose is the last node: every unique task runs
 
 
-def run_quiver(cfg, client):
+def run_quiver(cfg, client, placement=False):
+    """``placement``: copies of the shared results are made on the other worker the moment they
+    exist (``graph.placement``, installed around the run here until the executor calls it)."""
     from distributed import get_task_stream
+
+    import graph
+    from graph import placement as place
 
     best = build_quiver(cfg)
     with get_task_stream(client) as ts:
         t0 = time.perf_counter()
-        result = best.run(client=client, progress=False, quiet=True)
+        name = place.install(client, graph.compile(best)) if placement else None
+        try:
+            result = best.run(client=client, progress=False, quiet=True)
+        finally:
+            requested = place.remove(client, name)
         wall = time.perf_counter() - t0
     sec = compute_seconds(ts.data)
     compiled = result.compiled
@@ -282,6 +301,7 @@ def run_quiver(cfg, client):
         "table_seconds_sum_s": float(table["seconds"].sum()),
         "compute_seconds_by_step_s": dict(per_stage),
         "statuses": table["status"].value_counts().to_dict(),
+        "replicas_requested": requested,
     }
 
 
@@ -366,6 +386,182 @@ def run_dask_ml(cfg, X, y, client):
     return wall, cv_scores(search.cv_results_), {"executed_tasks": len(ts.data), "compute_work_s": sum(sec.values())}
 
 
+# ---- shape 2: a cheap prefix with many fits (scalers x 30 models) --------------------------------
+SCALERS_FULL = {
+    "seed": 1, "n_samples": 3000, "n_features": 40, "n_latent": 16, "n_classes": 4, "val_fraction": 0.25,
+    "scalers": ["none", "standard", "minmax"],
+    "logreg_C": [float(c) for c in np.logspace(-3, 2, 15)],
+    "ridge_alpha": [float(a) for a in np.logspace(-2, 4, 15)],
+}
+SCALERS_QUICK = dict(SCALERS_FULL, n_samples=800, n_features=12, n_latent=8,
+                     logreg_C=[1e-2, 1.0, 10.0], ridge_alpha=[1.0, 1e2, 1e3])
+SCALER_METHODS = {
+    "quiver": "(a) Quiver",
+    "sklearn": "(c) sklearn GridSearchCV(n_jobs=2, memory)",
+    "dask_ml": "(d) dask-ml GridSearchCV",
+}
+
+
+def _scaled(data, scaler):
+    scaler.fit(data["X_train"])
+    return {"X_train": scaler.transform(data["X_train"]), "y_train": data["y_train"],
+            "X_val": scaler.transform(data["X_val"]), "y_val": data["y_val"]}
+
+
+def scale_none(data):
+    return data
+
+
+def scale_standard(data):
+    from sklearn.preprocessing import StandardScaler
+
+    return _scaled(data, StandardScaler())
+
+
+def scale_minmax(data):
+    from sklearn.preprocessing import MinMaxScaler
+
+    return _scaled(data, MinMaxScaler())
+
+
+SCALE_STEPS = {"none": scale_none, "standard": scale_standard, "minmax": scale_minmax}
+
+
+def scaler_configs(cfg):
+    out = []
+    for s in cfg["scalers"]:
+        out += [(s, "logreg", c) for c in cfg["logreg_C"]] + [(s, "ridge", a) for a in cfg["ridge_alpha"]]
+    return out
+
+
+def build_quiver_scalers(cfg):
+    from pipelines import Pipeline, grid
+
+    data = Pipeline("scalers_x_models").source(load, **source_params(cfg))
+    scaled = data.explore("scaler", **{s: SCALE_STEPS[s] for s in cfg["scalers"]})
+    scored = scaled.explore("model", grid(fit_logreg, C=cfg["logreg_C"]), grid(fit_ridge, alpha=cfg["ridge_alpha"]))
+    return scored.choose("accuracy", mode="max")
+
+
+def run_quiver_scalers(cfg, client):
+    best = build_quiver_scalers(cfg)
+    t0 = time.perf_counter()
+    result = best.run(client=client, progress=False, quiet=True)
+    wall = time.perf_counter() - t0
+    scores = {}
+    for _, row in result.table.iterrows():
+        model, value = ("logreg", float(row["model.C"])) if row["model"] == "fit_logreg" else ("ridge", float(row["model.alpha"]))
+        scores[(row["scaler"], model, value)] = float(row["accuracy"])
+    return wall, scores, {"stats": dict(result.stats)}
+
+
+def _sk_scalers(cfg):
+    from sklearn.linear_model import LogisticRegression, RidgeClassifier
+    from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardScaler
+
+    objs = {"none": FunctionTransformer(), "standard": StandardScaler(), "minmax": MinMaxScaler()}
+    scalers = [objs[s] for s in cfg["scalers"]]
+    grid = [
+        {"scaler": scalers, "model": [LogisticRegression(max_iter=LOGREG_MAX_ITER)], "model__C": cfg["logreg_C"]},
+        {"scaler": scalers, "model": [RidgeClassifier()], "model__alpha": cfg["ridge_alpha"]},
+    ]
+    return grid
+
+
+def _sk_scaler_pipeline(memory=None):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline as SkPipeline
+
+    from sklearn.preprocessing import FunctionTransformer
+
+    return SkPipeline([("scaler", FunctionTransformer()), ("model", LogisticRegression(max_iter=LOGREG_MAX_ITER))], memory=memory)
+
+
+def _scaler_scores(cv_results):
+    names = {"FunctionTransformer": "none", "StandardScaler": "standard", "MinMaxScaler": "minmax"}
+    out = {}
+    for params, score in zip(cv_results["params"], cv_results["split0_test_score"]):
+        scaler = names[type(params["scaler"]).__name__]
+        if type(params["model"]).__name__ == "LogisticRegression":
+            out[(scaler, "logreg", float(params["model__C"]))] = float(score)
+        else:
+            out[(scaler, "ridge", float(params["model__alpha"]))] = float(score)
+    return out
+
+
+def run_sklearn_scalers(cfg, X, y):
+    import joblib
+    from sklearn.model_selection import GridSearchCV
+    from threadpoolctl import threadpool_limits
+
+    cache = tempfile.mkdtemp(prefix="quiver-bench-sk-")
+    try:
+        search = GridSearchCV(_sk_scaler_pipeline(memory=joblib.Memory(cache, verbose=0)), _sk_scalers(cfg),
+                              cv=predefined_split(cfg), refit=False, n_jobs=2, error_score="raise")
+        with threadpool_limits(limits=1):
+            t0 = time.perf_counter()
+            search.fit(X, y)
+            wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return wall, _scaler_scores(search.cv_results_), {"fits": len(search.cv_results_["params"])}
+
+
+def run_dask_ml_scalers(cfg, X, y, client):
+    import dask.array as da
+    from dask_ml.model_selection import GridSearchCV
+    from distributed import wait
+
+    search = GridSearchCV(_sk_scaler_pipeline(), _sk_scalers(cfg), cv=predefined_split(cfg), refit=False,
+                          error_score="raise", scheduler=client)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sending large graph")
+        Xd = client.persist(da.from_array(X, chunks=X.shape))
+        wait(Xd)
+    search.fit(Xd, y)
+    wall = time.perf_counter() - t0
+    return wall, _scaler_scores(search.cv_results_), {}
+
+
+def scalers_shape(cfg, client, repeats):
+    """Quiver against GridSearchCV(Pipeline(memory)) and dask-ml's GridSearchCV, interleaved;
+    target: Quiver at least as fast as each (medians). Scores must agree exactly."""
+    X, y = make_table(*(cfg[k] for k in ("seed", "n_samples", "n_features", "n_latent", "n_classes")))
+    runners = {
+        "quiver": lambda: run_quiver_scalers(cfg, client),
+        "sklearn": lambda: run_sklearn_scalers(cfg, X, y),
+        "dask_ml": lambda: run_dask_ml_scalers(cfg, X, y, client),
+    }
+    for run in runners.values():  # warm-up
+        run()
+    raw = {m: [] for m in runners}
+    scores = {}
+    for rep in range(repeats):
+        order = list(runners) if rep % 2 == 0 else list(reversed(runners))
+        for m in order:
+            gc.collect()
+            wall, sc, _ = runners[m]()
+            raw[m].append(wall)
+            scores.setdefault(m, sc)
+            print(f"  scalers rep {rep + 1}: {SCALER_METHODS[m]:<44} {wall:7.2f}s", flush=True)
+    ref = scores["quiver"]
+    assert set(ref) == set(scaler_configs(cfg)), "Quiver's table does not cover the scalers x models grid"
+    max_diff = {m: max(abs(sc[b] - ref[b]) for b in ref) for m, sc in scores.items()}
+    assert all(set(sc) == set(ref) for sc in scores.values()), "a method evaluated a different grid"
+    assert max(max_diff.values()) <= 1e-12, f"validation scores differ: {max_diff}"
+    med = {m: statistics.median(v) for m, v in raw.items()}
+    targets = {
+        f"quiver_at_least_as_fast_as_{m}": {
+            "quiver_median_s": med["quiver"], "other_median_s": med[m], "ratio": med[m] / med["quiver"],
+            "met": med["quiver"] <= med[m],
+        }
+        for m in ("sklearn", "dask_ml")
+    }
+    return {"config": cfg, "branches": len(ref), "wall_seconds": raw, "median_s": med,
+            "max_abs_diff_vs_quiver": max_diff, "targets": targets}
+
+
 # ---- driver ----------------------------------------------------------------------------------
 def versions():
     import dask
@@ -406,6 +602,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, small problem")
     ap.add_argument("--repeats", type=int, default=None, help="timed repetitions per method (default 3; 1 with --quick)")
+    ap.add_argument("--shapes", default="pca,scalers", help="comma-separated: pca (expensive shared prefix), scalers (cheap prefix, many fits)")
     ap.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/explore_vs_naive[.quick].json)")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -448,6 +645,7 @@ def main(argv=None):
         client.run(lambda: __import__("sklearn.linear_model") and __import__("sklearn.decomposition") and None)
         Xq, yq = make_table(*(QUICK[k] for k in ("seed", "n_samples", "n_features", "n_latent", "n_classes")))
         run_quiver(QUICK, client)
+        run_quiver(QUICK, client, placement=True)
         run_dask_per_branch(QUICK, client)
         run_sklearn(QUICK, Xq, yq)
         try:
@@ -460,16 +658,20 @@ def main(argv=None):
             }
             print(f"dask-ml failed during warm-up: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         blas = client.run(_blas_threads)
+        shape2 = None
+        if "scalers" in args.shapes.split(","):
+            print("shape 2: scalers x 30 models (cheap prefix, many fits)", flush=True)
+            shape2 = scalers_shape(SCALERS_QUICK if args.quick else SCALERS_FULL, client, repeats)
         print(f"warm-up done ({time.perf_counter() - t_total:.1f}s)", flush=True)
 
-        for rep in range(repeats):  # methods interleaved, so drift hits all of them alike
-            for method in METHODS:
+        for rep in range(repeats):  # methods interleaved (order reversed every other repetition)
+            for method in (list(METHODS) if rep % 2 == 0 else list(reversed(METHODS))):
                 if method in errors:
                     continue
                 gc.collect()
                 try:
-                    if method == "quiver":
-                        wall, sc, det = run_quiver(cfg, client)
+                    if method in ("quiver", "quiver_placed"):
+                        wall, sc, det = run_quiver(cfg, client, placement=method == "quiver_placed")
                     elif method == "dask_per_branch":
                         wall, sc, det = run_dask_per_branch(cfg, client)
                     elif method == "sklearn":
@@ -515,10 +717,12 @@ def main(argv=None):
     speedup = base / med["quiver"]
     target_exec = all(abs(r - 1.0) < 1e-12 for r in exec_over_unique)
     target_speed = speedup >= 0.9 * ratio
+    speedup_placed = base / med["quiver_placed"] if "quiver_placed" in med else float("nan")
+    target_speed_placed = speedup_placed >= 0.9 * ratio
 
     def tasks(method):
-        if method == "quiver":
-            s = q[0]["stats"]
+        if method in ("quiver", "quiver_placed"):
+            s = details[method][0]["stats"]
             return f"{s['executed_tasks']} (+{s['metric_tasks']} metric)"
         if method == "sklearn":
             return f"n/a ({details['sklearn'][0]['fits']} fits)"
@@ -545,6 +749,9 @@ def main(argv=None):
         f"{statistics.median(d['unique_work_s'] for d in q):.2f}s; runs: {', '.join(f'{r:.2f}' for r in ratio_runs)})",
         f"Quiver speed-up over (b): {speedup:.2f}x vs target >= 0.9 x {ratio:.2f} = {0.9 * ratio:.2f}x "
         f"[{'MET' if target_speed else 'NOT MET'}]",
+        f"Quiver + placement speed-up over (b): {speedup_placed:.2f}x vs the same target "
+        f"[{'MET' if target_speed_placed else 'NOT MET'}] (copies requested: "
+        f"{details['quiver_placed'][0]['replicas_requested'] if details['quiver_placed'] else 'n/a'})",
         f"scores: all {len(scores)} methods agree on all {len(ref)} configurations (max |diff| "
         f"{max(max_diff.values()):.1e}); best validation accuracy {ref[best_config]:.4f} at "
         f"n_components={best_config[0]}, {best_config[1]} {'C' if best_config[1] == 'logreg' else 'alpha'}="
@@ -554,6 +761,15 @@ def main(argv=None):
         f"total benchmark time {time.perf_counter() - t_total:.0f}s; load average (1 min) before "
         f"{load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} on {nproc} cores (other load skews all timings)",
     ]
+    if shape2 is not None:
+        med2 = shape2["median_s"]
+        lines += ["", f"shape 2: {len(shape2['config']['scalers'])} scalers x "
+                  f"{len(shape2['config']['logreg_C']) + len(shape2['config']['ridge_alpha'])} models = {shape2['branches']} branches "
+                  f"({shape2['config']['n_samples']} rows x {shape2['config']['n_features']} features), medians of {repeats}:"]
+        lines += [f"  {SCALER_METHODS[m]:<44} {med2[m]:9.2f}s" for m in SCALER_METHODS]
+        for name, t in shape2["targets"].items():
+            lines.append(f"  target {name}: Quiver {t['quiver_median_s']:.2f}s vs {t['other_median_s']:.2f}s "
+                         f"({t['ratio']:.2f}x) [{'MET' if t['met'] else 'NOT MET'}]")
     text = "\n".join(lines)
     print(text, flush=True)
 
@@ -616,7 +832,13 @@ def main(argv=None):
                 "value": speedup,
                 "met": target_speed,
             },
+            "speedup_over_dask_per_branch_with_placement": {
+                "target_value": 0.9 * ratio,
+                "value": speedup_placed,
+                "met": target_speed_placed,
+            },
         },
+        "shape_scalers": shape2,
         "table": text,
         "total_seconds": time.perf_counter() - t_total,
     }

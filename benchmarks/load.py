@@ -1,7 +1,8 @@
 """Benchmark: a wide exploration of cheap steps, Quiver against plain Dask on the same tasks.
 
-    python benchmarks/load.py              # 500, 1000, 2000 and 4000 branches, 3 repetitions
-    python benchmarks/load.py --quick      # smoke test: 500 and 2000 branches, 1 repetition
+    python benchmarks/load.py              # 480, 1000, 2000 and 4000 branches, 3 repetitions
+    python benchmarks/load.py --quick      # smoke test: 480 and 2000 branches, 1 repetition
+    python benchmarks/load.py --sizes 2000 --repeats 5
 
 The exploration: source -> explore "a" (A alternatives) -> explore "b" (40 alternatives)
 -> choose("score", k=3) -> a final step on the three kept branches.  Every step takes
@@ -9,20 +10,25 @@ microseconds, so the wall time is all overhead: building and compiling the pipel
 client, the executor's bookkeeping, and Dask's scheduling of ``1 + A + 40A`` step tasks plus
 ``40A`` metric tasks, on 2 single-threaded worker processes.
 
-Methods:
+Methods (same cluster, same run, interleaved pairs with the order alternating, medians):
 
-(a) Quiver: ``node.run(client)`` (the executor submits everything before the choose at once,
-    reads each metric as it arrives, then submits the kept branches' last step).
-(b) plain Dask: the *same* compiled tasks (``graph.compile(node).graph`` and its metric
-    tasks, identical functions and keys) submitted as one graph with ``client.get``, all
-    metric keys requested at once; no chooses, no per-branch bookkeeping.
+(a) Quiver: ``node.run(client)`` timed whole, building and compiling the pipeline included
+    (the executor submits everything before the choose at once, reads each metric as it
+    arrives, then submits the kept branches' last step).
+(b) plain Dask at its best: the *same* compiled tasks (``graph.compile(node).graph`` and its
+    metric tasks, identical functions and keys), already built, submitted as one materialized
+    layer with one ``client.get`` (Dask orders it), every metric key at once; no chooses, no
+    per-branch bookkeeping.
 
-Reported: build + compile seconds (client only, no cluster) and unique vs naive tasks,
-wall seconds of (a) and (b) (medians), per-task overhead (wall / tasks executed), Quiver's
-extra cost per task over plain Dask, and the highest number of tasks the scheduler held
-during each run (sampled every 50 ms) with the growth of the scheduler process's RSS. The
-cluster is started from Dask's own CLI (``dask scheduler``, ``dask worker --nworkers 2
---nthreads 1``), so the scheduler runs in its own process and its memory is measured alone.  Results go to ``benchmarks/results/load.json``.
+Reported per size: build + compile seconds (client only); wall seconds and ms per task of (a)
+and (b); the ratio of per-task costs (medians, and the median of the pairs' ratios, which
+cancels load drifting between pairs); CPU ms per task of the scheduler, the workers and this
+client together (``psutil``: the figure other load on a shared machine does not inflate);
+the scheduler's heap growth per branch during one more (untimed) run of each, measured with
+``tracemalloc`` on the scheduler. Targets (printed as met / NOT met): per-task cost <= 1.1x
+plain Dask, scheduler memory per branch <= 1.5x, at every size. The cluster is started from
+Dask's own CLI (``dask scheduler``, ``dask worker --nworkers 2 --nthreads 1``), so the
+scheduler runs in its own process. Results go to ``benchmarks/results/load.json``.
 """
 
 from __future__ import annotations
@@ -77,59 +83,93 @@ def expected_top3(a: int) -> list[int]:
     return scores[:3]
 
 
-def scheduler_probe(client):
-    """Sample the scheduler's task count and RSS while a run goes on."""
+class Probe:
+    """The CPU seconds one run cost, read from outside: this client (all its threads), the
+    scheduler process and the worker processes (``psutil``). CPU seconds hold on a machine
+    shared with other load, where wall time does not. Nothing runs during the run itself."""
 
-    def read(dask_scheduler):
+    def __init__(self, cluster_pids):
         import psutil
 
-        return len(dask_scheduler.tasks), psutil.Process().memory_info().rss
+        self.procs = [psutil.Process(p) for p in cluster_pids]
 
-    state = {"peak_tasks": 0, "peak_rss": 0, "stop": threading.Event()}
-    base_tasks, base_rss = client.run_on_scheduler(read)
-    state["base_rss"] = base_rss
+    def cpu(self) -> dict[str, float]:
+        import psutil
 
-    def loop():
-        while not state["stop"].is_set():
-            try:
-                n, rss = client.run_on_scheduler(read)
-            except Exception:
-                return
-            state["peak_tasks"] = max(state["peak_tasks"], n)
-            state["peak_rss"] = max(state["peak_rss"], rss)
-            time.sleep(0.05)
+        out = {"client": time.process_time(), "scheduler": 0.0, "workers": 0.0}
+        for i, proc in enumerate(self.procs):
+            for p in [proc] + proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    out["scheduler" if i == 0 else "workers"] += t.user + t.system
+        return out
 
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
+    def __enter__(self):
+        self.cpu0 = self.cpu()
+        return self
 
-    def stop():
-        state["stop"].set()
-        t.join(2)
-        return state["peak_tasks"], max(0, state["peak_rss"] - base_rss)
+    def __exit__(self, *exc):
+        after = self.cpu()
+        self.cpu_split = {k: after[k] - self.cpu0[k] for k in after}
+        self.cpu_s = sum(self.cpu_split.values())
+        return False
 
-    return stop
+    def figures(self) -> dict:
+        return {"cpu_s": self.cpu_s, "cpu_split_s": self.cpu_split}
 
 
-def run_quiver(client, a: int) -> dict:
+def _trace_start(dask_scheduler):
+    import tracemalloc
+
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def _trace_stop(dask_scheduler):
+    import tracemalloc
+
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, len(dask_scheduler.tasks)
+
+
+def scheduler_memory(client, run) -> dict:
+    """Peak bytes the scheduler's Python heap grew by during ``run()`` (``tracemalloc`` on the
+    scheduler: exact, unlike RSS, which the allocator keeps after the first big run). A separate,
+    untimed pass: tracing slows the scheduler."""
+    import gc
+
+    client.run_on_scheduler(gc.collect)
+    base = client.run_on_scheduler(_trace_start)
+    try:
+        run()
+    finally:
+        peak, _ = client.run_on_scheduler(_trace_stop)
+    return {"scheduler_peak_growth_bytes": max(0, peak - base)}
+
+
+def run_quiver(client, a: int, pids) -> dict:
     node = build(a)
-    stop = scheduler_probe(client)
-    t = time.perf_counter()
-    result = node.run(client, progress=False, quiet=True)
-    wall = time.perf_counter() - t
-    peak_tasks, rss = stop()
+    with Probe(pids) as probe:
+        t = time.perf_counter()
+        result = node.run(client, progress=False, quiet=True)
+        wall = time.perf_counter() - t
     got = [v["score"] for v in result.value]
     assert got == expected_top3(a), (got, expected_top3(a))
     s = result.stats
     assert s["executed_tasks"] == s["unique_tasks"] - (len(result.table) - 3)  # finish runs on 3 only
     return {
         "wall_s": wall,
+        "execute_wall_s": s["wall_seconds"],  # the run without building and compiling the pipeline
         "tasks": s["executed_tasks"] + s["metric_tasks"],
-        "peak_scheduler_tasks": peak_tasks,
-        "scheduler_rss_growth_bytes": rss,
+        **probe.figures(),
     }
 
 
-def run_dask(client, a: int) -> dict:
+def run_dask(client, a: int, pids) -> dict:
+    """Plain Dask at its best: the same tasks, already built, in one ``client.get`` of one
+    materialized layer (Dask orders it itself), every metric key asked for at once."""
     import graph
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -138,15 +178,14 @@ def run_dask(client, a: int) -> dict:
     dsk = {k: t for k, t in c.graph.items() if k not in finals}  # the same work Quiver runs before the choose
     dsk.update(c.metric_graph)
     keys = list(c.metric_graph)
-    stop = scheduler_probe(client)
-    t = time.perf_counter()
-    hlg = HighLevelGraph({"plain": MaterializedLayer(dsk)}, {"plain": set()})
-    values = client.get(hlg, keys, sync=True)
-    top = sorted((m for m, _ in values), reverse=True)[:3]
-    wall = time.perf_counter() - t
-    peak_tasks, rss = stop()
+    with Probe(pids) as probe:
+        t = time.perf_counter()
+        hlg = HighLevelGraph({"plain": MaterializedLayer(dsk)}, {"plain": set()})
+        values = client.get(hlg, keys, sync=True)
+        top = sorted((m for m, _ in values), reverse=True)[:3]
+        wall = time.perf_counter() - t
     assert [int(x) for x in top] == expected_top3(a)
-    return {"wall_s": wall, "tasks": len(dsk), "peak_scheduler_tasks": peak_tasks, "scheduler_rss_growth_bytes": rss}
+    return {"wall_s": wall, "execute_wall_s": wall, "tasks": len(dsk), **probe.figures()}
 
 
 @contextlib.contextmanager
@@ -178,7 +217,7 @@ def cli_cluster():
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
-        yield address
+        yield address, [p.pid for p in procs]
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for p in procs:
@@ -209,13 +248,82 @@ def compile_figures(a: int) -> dict:
     }
 
 
+TARGET_TIME = 1.1  # Quiver's per-task cost at most 1.1x plain Dask's
+TARGET_MEMORY = 1.5  # scheduler memory per branch at most 1.5x plain Dask's
+
+
+def ratio(xs, ys) -> float:
+    return statistics.median(xs) / statistics.median(ys)
+
+
+def summarize(fig: dict, q: list[dict], d: list[dict], mem: dict) -> dict:
+    """One row: medians, per-task costs and the ratios the targets are about.
+
+    Wall time is per task (Quiver runs 3 more tasks: the final step of the kept branches).
+    ``pair_ratio`` is the median of the ratios of the interleaved (Quiver, Dask) pairs, which
+    cancels load that drifts between pairs; CPU seconds (cluster processes plus this client)
+    are the figure a shared machine does not inflate."""
+    qt, dt = q[0]["tasks"], d[0]["tasks"]
+    per_task = lambda runs, field, n: [r[field] / n for r in runs]  # noqa: E731
+    pairs = [(a[f] / qt) / (b[f] / dt) for a, b in zip(q, d) for f in ("wall_s",)]
+    row = dict(
+        fig,
+        quiver_tasks=qt,
+        dask_tasks=dt,
+        quiver_wall_s=statistics.median(r["wall_s"] for r in q),
+        quiver_execute_wall_s=statistics.median(r["execute_wall_s"] for r in q),
+        dask_wall_s=statistics.median(r["wall_s"] for r in d),
+        quiver_ms_per_task=1000 * statistics.median(per_task(q, "wall_s", qt)),
+        dask_ms_per_task=1000 * statistics.median(per_task(d, "wall_s", dt)),
+        quiver_cpu_ms_per_task=1000 * statistics.median(per_task(q, "cpu_s", qt)),
+        dask_cpu_ms_per_task=1000 * statistics.median(per_task(d, "cpu_s", dt)),
+        quiver_scheduler_kb_per_branch=mem["quiver"]["scheduler_peak_growth_bytes"] / 1024 / fig["branches"],
+        dask_scheduler_kb_per_branch=mem["dask"]["scheduler_peak_growth_bytes"] / 1024 / fig["branches"],
+        raw={"quiver": q, "dask": d, "memory": mem},
+    )
+    row["wall_ratio"] = row["quiver_ms_per_task"] / row["dask_ms_per_task"]
+    row["wall_pair_ratio"] = statistics.median(pairs)
+    row["execute_wall_ratio"] = ratio([r["execute_wall_s"] / qt for r in q], [r["wall_s"] / dt for r in d])
+    row["cpu_ratio"] = row["quiver_cpu_ms_per_task"] / row["dask_cpu_ms_per_task"]
+    row["memory_ratio"] = row["quiver_scheduler_kb_per_branch"] / max(row["dask_scheduler_kb_per_branch"], 1e-9)
+    return row
+
+
+def targets(rows: list[dict]) -> dict:
+    """Met / not met, with the measured values behind each verdict."""
+    worst_wall = max(rows, key=lambda r: r["wall_pair_ratio"])
+    worst_cpu = max(rows, key=lambda r: r["cpu_ratio"])
+    worst_mem = max(rows, key=lambda r: r["memory_ratio"])
+    return {
+        "per_task_wall": {
+            "target": f"<= {TARGET_TIME}x plain Dask (median of interleaved pairs), every size",
+            "worst": worst_wall["wall_pair_ratio"], "at_branches": worst_wall["branches"],
+            "met": worst_wall["wall_pair_ratio"] <= TARGET_TIME,
+        },
+        "per_task_cpu": {
+            "target": f"<= {TARGET_TIME}x plain Dask (CPU seconds of scheduler, workers and client), every size",
+            "worst": worst_cpu["cpu_ratio"], "at_branches": worst_cpu["branches"],
+            "met": worst_cpu["cpu_ratio"] <= TARGET_TIME,
+        },
+        "scheduler_memory_per_branch": {
+            "target": f"<= {TARGET_MEMORY}x plain Dask (peak growth of the scheduler's heap, tracemalloc), every size",
+            "worst": worst_mem["memory_ratio"], "at_branches": worst_mem["branches"],
+            "met": worst_mem["memory_ratio"] <= TARGET_MEMORY,
+        },
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke mode: 500 and 2000 branches, 1 repetition")
+    ap.add_argument("--quick", action="store_true", help="smoke mode: 480 and 2000 branches, 1 repetition")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--sizes", type=int, nargs="*", default=None, help="branch counts (multiples of 40)")
     ap.add_argument("--output", default=str(RESULTS / "load.json"))
     args = ap.parse_args(argv)
-    sizes = [500 // B, 2000 // B] if args.quick else [500 // B, 1000 // B, 2000 // B, 4000 // B]
+    if args.sizes:
+        sizes = [max(1, n // B) for n in args.sizes]
+    else:
+        sizes = [500 // B, 2000 // B] if args.quick else [500 // B, 1000 // B, 2000 // B, 4000 // B]
     repeats = args.repeats or (1 if args.quick else 3)
 
     import dask
@@ -223,64 +331,66 @@ def main(argv=None) -> int:
     from distributed import Client
 
     rows = []
-    with cli_cluster() as address, Client(address) as client:
-        run_quiver(client, 2)  # warm up: imports, pickling caches
-        run_dask(client, 2)
+    load_before = os.getloadavg()
+    with cli_cluster() as (address, pids), Client(address) as client:
+        run_quiver(client, 2, pids)  # warm up: imports, pickling caches
+        run_dask(client, 2, pids)
         for a in sizes:
             fig = min((compile_figures(a) for _ in range(repeats)), key=lambda f: f["compile_s"])
             q, d = [], []
-            for _ in range(repeats):  # interleaved, so load drifts hit both alike
-                q.append(run_quiver(client, a))
-                d.append(run_dask(client, a))
-            qw = statistics.median(r["wall_s"] for r in q)
-            dw = statistics.median(r["wall_s"] for r in d)
-            row = dict(
-                fig,
-                quiver_wall_s=qw,
-                dask_wall_s=dw,
-                quiver_tasks=q[0]["tasks"],
-                dask_tasks=d[0]["tasks"],
-                quiver_ms_per_task=1000 * qw / q[0]["tasks"],
-                dask_ms_per_task=1000 * dw / d[0]["tasks"],
-                quiver_peak_scheduler_tasks=max(r["peak_scheduler_tasks"] for r in q),
-                dask_peak_scheduler_tasks=max(r["peak_scheduler_tasks"] for r in d),
-                quiver_scheduler_rss_growth_mb=max(r["scheduler_rss_growth_bytes"] for r in q) / 2**20,
-                dask_scheduler_rss_growth_mb=max(r["scheduler_rss_growth_bytes"] for r in d) / 2**20,
-                raw={"quiver": q, "dask": d},
-            )
-            rows.append(row)
+            for i in range(repeats):  # interleaved pairs, the order alternating, so drifting load hits both alike
+                if i % 2:
+                    d.append(run_dask(client, a, pids))
+                    q.append(run_quiver(client, a, pids))
+                else:
+                    q.append(run_quiver(client, a, pids))
+                    d.append(run_dask(client, a, pids))
+            mem = {
+                "quiver": scheduler_memory(client, lambda: run_quiver(client, a, pids)),
+                "dask": scheduler_memory(client, lambda: run_dask(client, a, pids)),
+            }
+            rows.append(summarize(fig, q, d, mem))
+    verdicts = targets(rows)
 
     head = (
-        f"{'branches':>8} {'naive':>6} {'unique':>6} {'compile s':>9} {'us/branch':>9} | "
-        f"{'Quiver s':>8} {'ms/task':>7} | {'Dask s':>7} {'ms/task':>7} | {'extra ms/task':>13} | "
-        f"{'peak sched tasks Q/D':>20} {'sched RSS +MB Q/D':>18}"
+        f"{'branches':>8} {'unique':>6} {'compile s':>9} | {'Quiver s':>8} {'ms/task':>7} {'cpu ms':>6} | "
+        f"{'Dask s':>7} {'ms/task':>7} {'cpu ms':>6} | {'wall x':>6} {'pairs x':>7} {'cpu x':>6} | "
+        f"{'sched KB/branch Q/D':>19} {'mem x':>5}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
-        extra = r["quiver_ms_per_task"] - r["dask_ms_per_task"]
         print(
-            f"{r['branches']:>8} {r['naive_tasks']:>6} {r['unique_tasks'] + r['metric_tasks']:>6} "
-            f"{r['build_s'] + r['compile_s']:>9.3f} {1e6 * (r['build_s'] + r['compile_s']) / r['branches']:>9.1f} | "
-            f"{r['quiver_wall_s']:>8.2f} {r['quiver_ms_per_task']:>7.2f} | {r['dask_wall_s']:>7.2f} "
-            f"{r['dask_ms_per_task']:>7.2f} | {extra:>13.2f} | "
-            f"{r['quiver_peak_scheduler_tasks']:>9}/{r['dask_peak_scheduler_tasks']:<10} "
-            f"{r['quiver_scheduler_rss_growth_mb']:>8.1f}/{r['dask_scheduler_rss_growth_mb']:<8.1f}"
+            f"{r['branches']:>8} {r['unique_tasks'] + r['metric_tasks']:>6} {r['build_s'] + r['compile_s']:>9.3f} | "
+            f"{r['quiver_wall_s']:>8.2f} {r['quiver_ms_per_task']:>7.3f} {r['quiver_cpu_ms_per_task']:>6.3f} | "
+            f"{r['dask_wall_s']:>7.2f} {r['dask_ms_per_task']:>7.3f} {r['dask_cpu_ms_per_task']:>6.3f} | "
+            f"{r['wall_ratio']:>6.2f} {r['wall_pair_ratio']:>7.2f} {r['cpu_ratio']:>6.2f} | "
+            f"{r['quiver_scheduler_kb_per_branch']:>9.1f}/{r['dask_scheduler_kb_per_branch']:<9.1f} {r['memory_ratio']:>5.2f}"
         )
+    load_after = os.getloadavg()
     print(
-        "\nunique counts the step tasks plus one metric task per branch; naive is what every branch "
-        "running its own path would build. Both methods run on the same cluster: `dask scheduler` and "
-        f"`dask worker --nworkers 2 --nthreads 1` processes; medians of {repeats} run(s)."
+        "\nunique: step tasks plus one metric task per branch. Quiver's time is node.run() whole (building and "
+        "compiling included); plain Dask runs the same tasks, already built, in one client.get. Both on the same "
+        "cluster (`dask scheduler` + `dask worker --nworkers 2 --nthreads 1`), interleaved, medians of "
+        f"{repeats} run(s). cpu ms: CPU of scheduler + workers + client per task. "
+        f"Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores"
+        + (" (a SHARED machine: wall times are skewed by other load; the CPU ratio is the steadier figure)." if max(load_before[0], load_after[0]) > 1.5 else ".")
     )
+    for name, t in verdicts.items():
+        print(f"target {name}: {t['target']}: worst {t['worst']:.2f}x at {t['at_branches']} branches -> "
+              f"{'met' if t['met'] else 'NOT met'}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "load",
         "quick": args.quick,
         "repeats": repeats,
         "rows": rows,
+        "targets": verdicts,
         "versions": {"python": platform.python_version(), "dask": dask.__version__, "distributed": distributed.__version__},
         "nproc": os.cpu_count(),
-        "loadavg": os.getloadavg(),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "shared_machine": max(load_before[0], load_after[0]) > 1.5,
     }
     Path(args.output).write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {args.output}")

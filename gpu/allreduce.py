@@ -13,7 +13,9 @@ waits on someone else.
 Algorithms: ``"ring"`` (reduce-scatter then all-gather: ``2(p−1)`` steps of ``n/p``
 elements, both directions of every link busy, bandwidth-optimal) and ``"tree"`` (binomial
 reduce to rank 0, then binomial broadcast: ``2⌈log₂p⌉`` steps of ``n`` elements, fewer
-messages). ``"auto"`` (the default) takes the tree below :data:`CROSSOVER_BYTES` (64 KiB)
+messages). Which chunk goes to which rank at which step is decided by the pure schedules of
+:mod:`gpu.schedules` (tested over in-memory ranks); this module only connects the ranks and
+executes a schedule's rounds (:meth:`Collective._execute`). ``"auto"`` (the default) takes the tree below :data:`CROSSOVER_BYTES` (64 KiB)
 and the ring from there. ``benchmarks/allreduce.py``, timing the *slower* rank of each call
 against gloo in the same two worker processes, measured the ring faster than the tree at
 every size from 1 MB to 64 MB over loopback ``tcp://`` (64 MB: 58 ms vs 75 ms), and the two
@@ -62,6 +64,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
+
+from .schedules import allreduce_schedule, broadcast as broadcast_schedule, rank_plan
 
 __all__ = [
     "CollectiveError",
@@ -184,13 +188,6 @@ def _cupy():
     except Exception:  # not installed, or no usable CUDA runtime
         return None
     return cupy
-
-
-def _bounds(n: int, parts: int, index: int) -> tuple[int, int]:
-    """Element range of chunk ``index`` when ``n`` elements are split into ``parts``."""
-    q, r = divmod(n, parts)
-    start = index * q + min(index, r)
-    return start, start + q + (1 if index < r else 0)
 
 
 # ----------------------------------------------------------------------------- collective
@@ -679,58 +676,23 @@ class Collective:
         return "tree" if nbytes < self.crossover_bytes else "ring"
 
     async def _allreduce(self, kind: str, seq: int, buf: _Buffer) -> None:
-        if self.algorithm_for(buf.nbytes) == "ring":
-            await self._ring_allreduce(kind, seq, buf)
-        else:
-            await self._tree_reduce(kind, seq, buf)
-            await self._broadcast(kind, seq, buf, 0)
-
-    async def _ring_allreduce(self, kind: str, seq: int, buf: _Buffer) -> None:
-        p, r, n, size = self.size, self.rank, buf.array.size, buf.array.itemsize
-        right, left = (r + 1) % p, (r - 1) % p
-        # reduce-scatter: after p-1 steps rank r holds the full sum of chunk (r+1) % p
-        for s in range(p - 1):
-            a, b = _bounds(n, p, (r - s) % p)
-            c, d = _bounds(n, p, (r - s - 1) % p)
-            await self._exchange([(right, kind, seq, buf.array[a:b])],
-                                 (left, kind, seq, c, d, buf.add_, size))
-        # all-gather: pass the reduced chunks around the ring
-        for s in range(p - 1):
-            a, b = _bounds(n, p, (r - s + 1) % p)
-            c, d = _bounds(n, p, (r - s) % p)
-            await self._exchange([(right, kind, seq, buf.array[a:b])],
-                                 (left, kind, seq, c, d, buf.set_, size))
-
-    async def _tree_reduce(self, kind: str, seq: int, buf: _Buffer) -> None:
-        p, r, n, size = self.size, self.rank, buf.array.size, buf.array.itemsize
-        mask = 1
-        while mask < p:
-            if r & mask == 0:
-                src = r | mask
-                if src < p:
-                    await self._exchange([], (src, kind, seq, 0, n, buf.add_, size))
-            else:
-                await self._exchange([(r & ~mask, kind, seq, buf.array)])
-                break
-            mask <<= 1
+        schedule = allreduce_schedule(self.algorithm_for(buf.nbytes), buf.array.size, self.size)
+        await self._execute(kind, seq, buf, schedule)
 
     async def _broadcast(self, kind: str, seq: int, buf: _Buffer, root: int) -> None:
-        p, n, size = self.size, buf.array.size, buf.array.itemsize
-        vr = (self.rank - root) % p
-        mask = 1
-        while mask < p:
-            if vr & mask:
-                await self._exchange([], (((vr - mask) + root) % p, kind, seq, 0, n, buf.set_, size))
-                break
-            mask <<= 1
-        mask >>= 1
-        sends = []
-        while mask > 0:
-            if vr + mask < p:
-                sends.append((((vr + mask) + root) % p, kind, seq, buf.array))
-            mask >>= 1
-        if sends:
-            await self._exchange(sends)
+        await self._execute(kind, seq, buf, broadcast_schedule(buf.array.size, self.size, root))
+
+    async def _execute(self, kind: str, seq: int, buf: _Buffer, schedule) -> None:
+        """Run this rank's part of a pure schedule (:mod:`gpu.schedules`): round by round, its
+        sends and its receive concurrently; received segments are added or written as they arrive."""
+        itemsize = buf.array.itemsize
+        for sends, recv in rank_plan(schedule, self.rank):
+            out = [(t.dst, kind, seq, buf.array[t.start:t.stop]) for t in sends]
+            into = None
+            if recv is not None:
+                apply = buf.add_ if recv.op == "add" else buf.set_
+                into = (recv.src, kind, seq, recv.start, recv.stop, apply, itemsize)
+            await self._exchange(out, into)
 
     async def _barrier(self, kind: str, seq: int, _buf: None) -> None:
         peers = [q for q in range(self.size) if q != self.rank]

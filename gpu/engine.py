@@ -1,34 +1,41 @@
-"""The training loop one gang member runs: its replica group, its data shard, sync, tuning.
+"""The training loop one gang member runs: its data shard, epochs, tuning, checkpoints.
 
 Every member builds the same seeded model, trains its own shard with ``replicas``
 replicas (SMA) or ``replicas`` gradient batches (S-SGD), and calls ``ctx.allreduce`` to sum
-over all members; alone, ``ctx`` is :class:`Solo` and the all-reduce is the identity.
+over all members; alone, ``ctx`` is :class:`Solo` and the all-reduce is the identity. What
+differs between algorithms lives in their objects (:mod:`gpu.algorithms`); this loop drives
+any of them the same way.
+
+``replicas="auto"`` tunes on a scratch copy of the model (its own batches and random state),
+then trains the seeded model from the start with the chosen count: a run that tuned to ``k``
+and a run given ``replicas=k`` train the same model, step for step.
 
 >>> import torch
 >>> from gpu.models import MLP, load_digits_tensors
 >>> data = load_digits_tensors(seed=0)                                   # doctest: +SKIP
 >>> cfg = TrainConfig(epochs=1, lr=0.05, batch_size=16, replicas=2)
 >>> out = run_member(Solo(), data, lambda: MLP(64, 10), cfg)              # doctest: +SKIP
->>> sorted(out)                                                          # doctest: +SKIP
-['delta_prev', 'history', 'replicas', 'tuning', 'z']
+>>> sorted(out)[:4]                                                      # doctest: +SKIP
+['delta_prev', 'history', 'partitions', 'replicas']
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .replicas import ReplicaGroup, SSGDGroup, replica_batches
+from .algorithms import ALGORITHMS, Algorithm
+from .replicas import replica_batches
 from .sma import SMAConfig
-from .tuning import PartitionedSync, ReplicaTuner, choose_partitions, partition_limit
+from .tuning import ReplicaTuner, choose_partitions, partition_limit
 
-__all__ = ["TrainConfig", "Solo", "run_member", "shard"]
+__all__ = ["TrainConfig", "Solo", "run_member", "tune_member", "shard"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,14 @@ class TrainConfig:
             whole("replicas", 1)
         if self.partitions != "auto":
             whole("partitions", 1)
-        if self.algorithm not in ("sma", "ssgd"):
-            raise ValueError(f"train: algorithm={self.algorithm!r}; use 'sma' or 'ssgd'")
-        if self.algorithm == "ssgd" and self.replicas == "auto":
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"train: algorithm={self.algorithm!r}; use one of {sorted(ALGORITHMS)}")
+        kind = ALGORITHMS[self.algorithm]
+        if self.replicas == "auto" and not kind.tunable:
             raise ValueError("train: replicas='auto' tunes SMA replica groups; give S-SGD a number, e.g. replicas=4")
+        if self.partitions != 1 and not kind.partitionable:
+            raise ValueError(f"train: partitions={self.partitions!r} splits SMA's sync; "
+                             f"algorithm={self.algorithm!r} exchanges whole gradients: use partitions=1")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"train: lr={self.lr!r} must be a positive number")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
@@ -103,14 +114,6 @@ class Solo:
         self.last = state
 
 
-@dataclass
-class _Timer:
-    compute: float = 0.0
-    sync: float = 0.0
-    samples: int = 0
-    rounds: int = 0  # sync rounds (all-reduces of a correction or gradient)
-
-
 def _bytes_sent(ctx: Any) -> int:
     """Payload bytes this member's comm layer has sent so far (0 without peers)."""
     return int(getattr(ctx, "bytes_sent", 0) or 0)
@@ -126,6 +129,43 @@ def _steps_per_epoch(n_train: int, size: int, replicas: int, batch: int) -> int:
     return (n_train // size) // (replicas * batch)
 
 
+def _tuning_seed(cfg: TrainConfig, rank: int) -> int:
+    """The seed of the batches measurement steps draw (apart from training's, so tuning leaves
+    training's batch order as it would be without it)."""
+    return cfg.seed * 1000 + rank + 500_000
+
+
+def _prepare(ctx: Any, data: Any, model: Callable[[], nn.Module], cfg: TrainConfig, lr: float):
+    """The seeded model, the data on its device, this member's shard, and ``build(k, partitions)``
+    making an algorithm object from the model."""
+    torch.manual_seed(cfg.seed)
+    net = model()
+    device = next(net.parameters()).device
+    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    xs, ys = shard(x_train, y_train, ctx.rank, ctx.size)
+    kind = ALGORITHMS[cfg.algorithm]
+
+    def build(k: int, partitions: int = 1) -> Algorithm:
+        return kind(net, cfg, k, ctx.allreduce, world=ctx.size, partitions=partitions, lr=lr)
+
+    shortest = len(x_train) // ctx.size  # every member decides from the same numbers
+    return build, (x_train, y_train, x_test, y_test), (xs, ys), shortest
+
+
+def tune_member(ctx: Any, data: Any, model: Callable[[], nn.Module], cfg: TrainConfig,
+                on_tune: Callable[[list], None] | None = None) -> dict:
+    """Only the replica tuning of :func:`run_member` (a gang of its own, so that concurrent
+    runs can wait for one tuning and reuse its choice). Returns what ``run_member(tuned=...)`` takes."""
+    t0 = time.perf_counter()
+    build, _, (xs, ys), shortest = _prepare(ctx, data, model, cfg, cfg.lr)
+    k, curve, samples, step_compute = _tune_replicas(ctx, build, xs, ys, shortest, cfg)
+    if on_tune is not None:
+        on_tune(list(curve))
+    return {"replicas": k, "tuning": curve, "tuning_samples": samples, "step_compute": step_compute,
+            "tuning_s": time.perf_counter() - t0, "source": "tuned"}
+
+
 def run_member(
     ctx: Any,
     data: Any,
@@ -134,108 +174,74 @@ def run_member(
     resume: dict | None = None,
     on_epoch: Callable[[dict], None] | None = None,
     on_tune: Callable[[list], None] | None = None,
+    tuned: dict | None = None,
 ) -> dict:
-    """Train on this member; return ``z``, ``delta_prev``, the history and tuning records."""
-    torch.manual_seed(cfg.seed)
-    net = model()
-    device = next(net.parameters()).device
-    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
-    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
-    xs, ys = shard(x_train, y_train, ctx.rank, ctx.size)
-    start_epoch = 0
-    lr = cfg.lr
-    history: list[dict] = []
+    """Train on this member; return ``z``, ``delta_prev``, the history, tuning records and timings.
+
+    ``tuned``: with ``replicas="auto"``, a choice made already (:func:`tune_member`'s result,
+    possibly remembered from an earlier run) instead of tuning here.
+    """
+    t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
+    start_epoch, lr, history = 0, cfg.lr, []
     if resume is not None:
         start_epoch, lr, history = resume["epoch"] + 1, resume["lr"], list(resume["history"])
-    k = cfg.replicas if cfg.replicas != "auto" else (resume or {}).get("replicas", 1)
-    if cfg.algorithm == "sma":
-        group: Any = ReplicaGroup(net, replicas=k, config=cfg.sma(lr))
-        if resume is not None:
-            group.state.z.copy_(resume["z"].to(device))
-            group.state.delta_prev.copy_(resume["delta_prev"].to(device))
-            group.reset_to_central()
-    else:
-        group = SSGDGroup(net, replicas=k, config=cfg.sma(lr))
-        if resume is not None:
-            group.weights.copy_(resume["z"].to(device))
-    world = ctx.size * k
-    timer = _Timer()
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + ctx.rank)
+    build, (x_train, y_train, x_test, y_test), (xs, ys), shortest = _prepare(ctx, data, model, cfg, lr)
 
-    def timed_allreduce(t: Tensor) -> Tensor:
-        t0 = time.perf_counter()
-        out = ctx.allreduce(t)
-        timer.sync += time.perf_counter() - t0
-        return out
-
-    def step(xb: Tensor, yb: Tensor) -> Tensor:
-        t0 = time.perf_counter()
-        sync_before = timer.sync
-        if cfg.algorithm == "ssgd":
-            losses = group.train_step(xb, yb, allreduce=timed_allreduce, world_replicas=world)
-            timer.rounds += 1
-            # the gradient all-reduce runs inside train_step: count it as sync, not compute
-            timer.compute += time.perf_counter() - t0 - (timer.sync - sync_before)
-        else:
-            losses = group.local_step(xb, yb)
-            t1 = time.perf_counter()
-            timer.compute += t1 - t0
-            if group.sync_due:
-                c = group.group_correction()
-                if sync is None:
-                    group.apply_central(ctx.allreduce(c))
-                else:
-                    part = sync.exchange(c)
-                    group.apply_central(part.dense(group.num_params, ctx.allreduce(part.values)))
-                timer.sync += time.perf_counter() - t1
-                timer.rounds += 1
-        timer.samples += xb.shape[0] * xb.shape[1]
-        return losses
-
-    t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
-    sync: PartitionedSync | None = None
+    # replicas per worker: given, from the checkpoint, or tuned on a scratch copy of the model
     tuning: list[tuple[int, float]] = []
-    tuning_samples = 0
-    if cfg.algorithm == "sma" and cfg.replicas == "auto" and resume is None:
-        group, tuning, tuning_samples = _tune_replicas(ctx, group, xs, ys, cfg, step_fn=step, gen=gen)
+    tuning_samples, step_compute = 0, None
+    t0 = time.perf_counter()
+    if cfg.replicas != "auto":
+        k, source = cfg.replicas, "given"
+    elif resume is not None:
+        k, source = resume["replicas"], "checkpoint"
+    elif tuned is not None:
+        k, tuning, source = tuned["replicas"], [tuple(p) for p in tuned["tuning"]], tuned.get("source", "tuned")
+        tuning_samples, step_compute = tuned.get("tuning_samples", 0), tuned.get("step_compute")
+        if on_tune is not None:
+            on_tune(list(tuning))
+    else:
+        k, tuning, tuning_samples, step_compute = _tune_replicas(ctx, build, xs, ys, shortest, cfg)
+        source = "tuned"
         if on_tune is not None:  # the auto-tuner's (replicas, samples/s) curve, e.g. for the dashboard
             on_tune(list(tuning))
-        k = group.replicas
-        world = ctx.size * k
+    tuning_s = time.perf_counter() - t0
     steps = _steps_per_epoch(len(x_train), ctx.size, k, cfg.batch_size)
     if steps < 1:
         raise ValueError(
             f"train: {len(x_train)} training samples over {ctx.size} worker(s) cannot fill one step of "
             f"{k} replica(s) x batch_size={cfg.batch_size}; use fewer replicas or a smaller batch"
         )
+    t0 = time.perf_counter()
     sync_tuning: dict = {}
-    if cfg.algorithm == "sma":  # partial exchange (Ako): a fixed p, or "auto" bounded by the epoch's rounds
-        sync, sync_tuning = _initial_sync(ctx, group, cfg, steps)
-        if sync is not None and cfg.partitions == "auto":  # measure with the bound's p, then choose
-            if timer.samples == 0:
-                tuning_samples += _time_compute(group, xs, ys, cfg, timer, step, gen)
-            sync, sync_tuning = _choose_sync(ctx, group, cfg, timer, sync, sync_tuning)
+    if resume is not None and resume.get("partitions") is not None:
+        partitions = resume["partitions"]
+    elif cfg.partitions != "auto":
+        partitions = cfg.partitions
+    else:  # Ako's rule, bounded by the epoch's sync rounds (gpu.tuning.partition_limit)
+        partitions, sync_tuning = _auto_partitions(ctx, build, k, xs, ys, shortest, cfg, step_compute, steps)
+    partitions_s = time.perf_counter() - t0
+    algo = build(k, partitions)
+    if resume is not None:
+        algo.restore(resume)
+
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + ctx.rank)
     for epoch in range(start_epoch, cfg.epochs):
         if epoch in cfg.lr_drops:
-            if sync is not None:
-                _flush(sync, group, ctx)
-            if cfg.algorithm == "sma":
-                group.drop_lr(cfg.lr_drop_factor)
-            else:
-                group.config = group.config.with_lr(group.config.lr * cfg.lr_drop_factor)
-            lr = group.config.lr
-        timer.compute = timer.sync = 0.0
-        timer.samples = timer.rounds = 0
+            algo.drop_lr(cfg.lr_drop_factor)
+            lr = algo.lr
+        algo.timer.reset()
         sent0 = _bytes_sent(ctx)
         t0 = time.perf_counter()
         losses = []
-        batches = replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
-        for _, (xb, yb) in zip(range(steps), batches):
-            losses.append(step(xb, yb).mean().item())
-        if sync is not None:
-            _flush(sync, group, ctx)
+        for _, (xb, yb) in zip(range(steps), replica_batches(xs, ys, k, cfg.batch_size, generator=gen)):
+            losses.append(algo.step(xb, yb).mean().item())
+        algo.end_epoch()
         seconds = time.perf_counter() - t0
-        ev = group.evaluate(x_test, y_test, batch_size=cfg.eval_batch_size)
+        ev = algo.evaluate(x_test, y_test, batch_size=cfg.eval_batch_size)
+        eval_s = time.perf_counter() - t0 - seconds
+        timer = algo.timer
+        sent = _bytes_sent(ctx) - sent0  # the comm layer's count, the end-of-epoch flush included
         rec = {
             "epoch": epoch + 1,
             "train_loss": float(sum(losses) / max(len(losses), 1)),
@@ -244,129 +250,114 @@ def run_member(
             "samples_per_s": timer.samples * ctx.size / seconds if seconds > 0 else float("nan"),
             "compute_s": timer.compute,
             "sync_s": timer.sync,
-            "sync_rounds": timer.rounds,
-            # payload bytes this member sent in the epoch, end-of-epoch flush included (comm counters)
-            "bytes_sent": _bytes_sent(ctx) - sent0,
+            "sync_rounds": timer.rounds,  # all-reduces of a correction (SMA) or gradient (S-SGD)
+            "bytes_sent": sent,  # payload bytes this member sent in the epoch
+            "train_s": seconds,  # the epoch's steps, sync included
+            "eval_s": eval_s,  # evaluating z on the test split
             "replicas": k,
             "lr": lr,
-            "spread": (max(group.spread()) if cfg.algorithm == "sma" else 0.0),
-            # samples this member trained on in the epoch (the auto-tuner's steps count in the first)
-            "samples": timer.samples + (tuning_samples if epoch == start_epoch else 0),
+            "spread": algo.spread(),
+            "samples": timer.samples,  # samples this member trained on in the epoch
             "elapsed_s": time.perf_counter() - t_start,
         }
         history.append(rec)
-        state = {
-            "epoch": epoch,
-            "lr": lr,
-            "replicas": k,
-            "z": (group.z if cfg.algorithm == "sma" else group.weights).detach().cpu().clone(),
-            "delta_prev": (group.state.delta_prev.detach().cpu().clone() if cfg.algorithm == "sma" else None),
-            "history": list(history),
-        }
         if ctx.rank == 0:
-            ctx.checkpoint(state)
+            ctx.checkpoint({"epoch": epoch, "lr": lr, "replicas": k, **algo.checkpoint(), "history": list(history)})
         if on_epoch is not None:
             on_epoch(rec)
         if cfg.target_accuracy is not None and ev["accuracy"] >= cfg.target_accuracy:
             break
-    final = group.z if cfg.algorithm == "sma" else group.weights
+    state = algo.checkpoint()
     return {
-        "z": final.detach().cpu().clone(),
-        "delta_prev": group.state.delta_prev.detach().cpu().clone() if cfg.algorithm == "sma" else None,
+        "z": state["z"],
+        "delta_prev": state["delta_prev"],
         "history": history,
         "replicas": k,
+        "replicas_source": source,
         "tuning": tuning,
         "tuning_samples": tuning_samples,
-        "partitions": sync.partitions if sync is not None else 1,
+        "partitions": algo.partitions,
         "sync_tuning": sync_tuning,
+        "timings": {"tuning_s": tuning_s, "partitions_s": partitions_s},
     }
 
 
-def _flush(sync: PartitionedSync, group: ReplicaGroup, ctx: Any) -> None:
-    """Send what the rotating partitions have not sent yet (one extra central update)."""
-    group.apply_central(ctx.allreduce(sync.flush()))
-
-
-def _tune_replicas(ctx, group, xs, ys, cfg: TrainConfig, step_fn, gen) -> tuple[ReplicaGroup, list, int]:
-    """Crossbow's rule, live: one more replica while total samples/s rises by > threshold.
-
-    The tuning steps are real SMA steps (they train the model); their samples are returned
-    so the history counts them. Each count is timed over ``tune_steps`` steps, cycling over
-    the shard as often as needed.
-    """
-    tuner = ReplicaTuner(threshold=cfg.tune_threshold, max_replicas=cfg.max_replicas)
-    trained = 0
-
-    def batches(k: int):
-        while True:
-            yield from replica_batches(xs, ys, k, cfg.batch_size, generator=gen)
-
-    while (k := tuner.propose()) is not None:
-        if len(xs) < k * cfg.batch_size:
-            break
-        group.resize(k)
-        stream = batches(k)
-        xb, yb = next(stream)
-        step_fn(xb, yb)  # warm-up step: allocation and vmap tracing are not throughput
-        trained += xb.shape[0] * xb.shape[1]
-        done, t0 = 0, time.perf_counter()
-        for _, (xb, yb) in zip(range(cfg.tune_steps), stream):
-            step_fn(xb, yb)
-            done += xb.shape[0] * xb.shape[1]
-        rate = done / max(time.perf_counter() - t0, 1e-9)
-        trained += done
-        total = ctx.allreduce(torch.tensor([rate], dtype=torch.float64)).item()
-        tuner.observe(k, total)
-    group.resize(tuner.best)
-    return group, tuner.curve, trained
-
-
-# SMA's corrections restate the current gap to z each round: a slice sends its latest one (see PartitionedSync)
-_COMBINE = "latest"
-
-
-def _initial_sync(ctx, group, cfg: TrainConfig, steps: int) -> tuple[PartitionedSync | None, dict]:
-    """The partial exchange to start with: ``partitions`` as given, or for ``"auto"`` (with peers)
-    the most partitions that still send every slice ``exchanges_per_epoch`` times an epoch
-    (:func:`gpu.tuning.partition_limit`), used while the compute and bandwidth are measured."""
-    n = group.num_params
-    if cfg.partitions != "auto":
-        p = min(cfg.partitions, n)
-        return (PartitionedSync(n, p, device=group.device, dtype=group.z.dtype, combine=_COMBINE) if p > 1 else None), {}
-    limit = min(partition_limit(max(steps // cfg.sync_every, 1)), n)
-    if ctx.size == 1 or getattr(ctx, "bandwidth", None) is None or limit == 1:
-        return None, {"limit": limit, "partitions": 1}
-    return PartitionedSync(n, limit, device=group.device, dtype=group.z.dtype, combine=_COMBINE), {"limit": limit}
-
-
-def _time_compute(group, xs, ys, cfg: TrainConfig, timer: _Timer, step_fn, gen) -> int:
-    """Time the compute between syncs over a few real steps (they train; their samples are returned)."""
+def _measure(algo: Algorithm, xs: Tensor, ys: Tensor, cfg: TrainConfig, gen: torch.Generator) -> tuple[int, float, float]:
+    """One warm-up step (allocation and vmap tracing are not throughput), then ``tune_steps``
+    timed steps cycling over the shard; returns samples trained, samples/s and compute s/step."""
     def batches():
         while True:
-            yield from replica_batches(xs, ys, group.replicas, cfg.batch_size, generator=gen)
+            yield from replica_batches(xs, ys, algo.replicas, cfg.batch_size, generator=gen)
 
-    stream, trained = batches(), 0
-    for i in range(1 + 4 * cfg.sync_every):
-        if i == 1:  # the first step warms up (allocation, vmap tracing): not timed
-            timer.compute, timer.samples = 0.0, 0
-        xb, yb = next(stream)
-        step_fn(xb, yb)
-        trained += xb.shape[0] * xb.shape[1]
-    return trained
+    stream = batches()
+    xb, yb = next(stream)
+    algo.step(xb, yb)
+    trained = xb.shape[0] * xb.shape[1]
+    algo.timer.reset()
+    t0 = time.perf_counter()
+    for _, (xb, yb) in zip(range(cfg.tune_steps), stream):
+        algo.step(xb, yb)
+    elapsed = max(time.perf_counter() - t0, 1e-9)
+    done = algo.timer.samples
+    return trained + done, done / elapsed, algo.timer.compute / max(algo.timer.steps, 1)
 
 
-def _choose_sync(ctx, group, cfg: TrainConfig, timer: _Timer, sync: PartitionedSync, record: dict):
-    """Ako's rule within the bound: the fewest partitions whose exchange fits in the compute between
-    syncs, the bandwidth measured on the gang's own collective (the worker-to-worker path)."""
-    nbytes = group.num_params * group.z.element_size()
-    bandwidth, latency = ctx.bandwidth(nbytes)
-    compute = max(timer.compute / max(timer.samples / (group.replicas * cfg.batch_size), 1), 1e-6)
-    # every member must choose the same p: decide on the members' mean compute, not this one's
-    compute = ctx.allreduce(torch.tensor([compute], dtype=torch.float64)).item() / ctx.size
-    p = choose_partitions(nbytes, bandwidth, latency, compute * cfg.sync_every, max_partitions=record["limit"])
-    record = {**record, "bandwidth": bandwidth, "latency": latency,
-              "compute_per_round_s": compute * cfg.sync_every, "partitions": p}
-    if p == 1:
-        _flush(sync, group, ctx)
-        return None, record
-    return sync.repartition(p), record
+def _tune_replicas(ctx, build, xs, ys, shortest: int, cfg: TrainConfig) -> tuple[int, list, int, float | None]:
+    """Crossbow's rule, live: one more replica while total samples/s rises by > threshold.
+
+    Measured on a scratch copy of the model with its own batches and random state, so the
+    run that follows trains exactly as a run given the chosen count would. Every member
+    measures, the rates are summed over members (an all-reduce) and every member decides
+    alike. Returns the chosen count, the ``(replicas, samples/s)`` curve, the samples the
+    measurement steps used, and the mean compute seconds per step at the chosen count.
+    """
+    tuner = ReplicaTuner(threshold=cfg.tune_threshold, max_replicas=cfg.max_replicas)
+    gen = torch.Generator().manual_seed(_tuning_seed(cfg, ctx.rank))
+    trained, compute = 0, {}
+    with _own_rng(xs):
+        # the sync training will use (a partition count given), else the whole exchange
+        scratch = build(1, cfg.partitions if cfg.partitions != "auto" else 1)
+        while (k := tuner.propose()) is not None:
+            if shortest < k * cfg.batch_size:
+                break
+            scratch.resize(k)
+            done, rate, per_step = _measure(scratch, xs, ys, cfg, gen)
+            trained += done
+            total, summed = ctx.allreduce(torch.tensor([rate, per_step], dtype=torch.float64)).tolist()
+            tuner.observe(k, total)
+            compute[k] = summed / ctx.size
+    return tuner.best, tuner.curve, trained, compute.get(tuner.best)
+
+
+def _auto_partitions(ctx, build, k: int, xs, ys, shortest: int, cfg: TrainConfig, step_compute: float | None,
+                     steps: int) -> tuple[int, dict]:
+    """Ako's rule within Ako's bound: split the exchange when sending the whole correction costs
+    more than the compute between two syncs, into no more partitions than still send every slice
+    ``exchanges_per_epoch`` times an epoch (:func:`gpu.tuning.partition_limit` of the epoch's
+    sync rounds). The compute is measured (on a scratch copy, unless the replica tuner just
+    measured it at ``k``), averaged over members so that all choose alike; the bandwidth is
+    measured on the gang's own collective (the worker-to-worker path). Returns ``p`` and the
+    record of the choice (``sync_tuning``)."""
+    if not ALGORITHMS[cfg.algorithm].partitionable:
+        return 1, {}
+    probe = build(1)
+    limit = min(partition_limit(max(steps // cfg.sync_every, 1)), probe.num_params)
+    measure = getattr(ctx, "bandwidth", None)
+    if ctx.size == 1 or measure is None or limit == 1:
+        return 1, {"limit": limit, "partitions": 1}
+    if step_compute is None:
+        gen = torch.Generator().manual_seed(_tuning_seed(cfg, ctx.rank))
+        with _own_rng(xs):
+            _, _, per_step = _measure(build(k), xs, ys, cfg, gen)
+        # every member must choose the same p: decide on the members' mean compute, not this one's
+        step_compute = ctx.allreduce(torch.tensor([per_step], dtype=torch.float64)).item() / ctx.size
+    bandwidth, latency = measure(probe.nbytes)
+    per_round = max(step_compute, 1e-9) * cfg.sync_every
+    p = min(choose_partitions(probe.nbytes, bandwidth, latency, per_round, max_partitions=limit), probe.num_params)
+    return p, {"limit": limit, "bandwidth": bandwidth, "latency": latency,
+               "compute_per_round_s": per_round, "partitions": p}
+
+
+def _own_rng(x: Tensor):
+    """Measurement steps draw from a forked random state: training's stays as if they never ran."""
+    return torch.random.fork_rng(devices=[x.device] if x.is_cuda else [])

@@ -19,9 +19,9 @@ member's next or current collective raises :class:`~gpu.allreduce.CollectiveErro
 a member whose worker dies is noticed through the closed connections and the scheduler, and
 :func:`run_gang` raises :class:`GangError` with the failing rank, its worker and exception.
 
-Called from inside a Dask task (a pipeline step that trains), :func:`run_gang` uses
-``distributed.worker_client()``, which secedes the calling task so its thread can host a
-member. Nested gangs (``fn`` calling ``run_gang``) are untested.
+Called from inside a Dask task (a pipeline step that trains), :func:`run_gang` uses the
+worker's client and secedes the calling task from the thread pool (:func:`gang_client`), so its
+thread can host a member. Nested gangs (``fn`` calling ``run_gang``) are untested.
 
 >>> def total(ctx, n):
 ...     import torch
@@ -34,6 +34,8 @@ member. Nested gangs (``fn`` calling ``run_gang``) are untested.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 from gpu.allreduce import Collective, CollectiveError
 
-__all__ = ["GangContext", "GangError", "run_gang", "ADMISSION_LOCK"]
+__all__ = ["GangContext", "GangError", "run_gang", "run_gang_timed", "gang_client", "ADMISSION_LOCK"]
 
 ADMISSION_LOCK = "quiver-gang-admission"
 _POLL_SECONDS = 0.25
@@ -97,13 +99,16 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
     from distributed import Event, Queue, Variable, get_client, get_worker
 
+    began = time.perf_counter()
     worker = get_worker()
     size = len(workers)
     coll = Collective(rank, size, timeout=timeout, group=name, algorithm=algorithm, worker=worker)
     try:
         client = get_client()
         checkin = Queue(f"{name}-checkin", client=client)
-        checkin.put((rank, coll.address or ""), timeout=timeout)
+        # how long this member took from starting to checking in: the client subtracts it from
+        # the check-in's arrival to tell when the member started (no clocks compared)
+        checkin.put((rank, coll.address or "", time.perf_counter() - began), timeout=timeout)
         checkin.close()
         started = Event(f"{name}-start", client=client)
         deadline = None if admission_timeout is None else time.monotonic() + admission_timeout
@@ -155,8 +160,8 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
              algorithm: str = "auto", priority: int = 0, **kwargs: Any) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` as a gang, one member per worker; results by rank.
 
-    ``client``: a ``distributed.Client`` (``None``: the current one; inside a task,
-    ``worker_client()`` is used either way). ``workers``: worker addresses in rank order
+    ``client``: a ``distributed.Client`` (``None``: the current one; inside a task, the
+    worker's client is used either way, see :func:`gang_client`). ``workers``: worker addresses in rank order
     (``None``: every worker, sorted). ``timeout`` bounds every collective wait (seconds);
     ``admission_timeout`` bounds the wait for the lock and for the members to start
     (``None``: wait while the workers are alive: a gang may queue behind long trainings).
@@ -164,7 +169,8 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
     ``priority`` is the members' Dask task priority (a depth-first plan may rank training
     branches; atomic admission is what keeps differently ranked gangs from deadlocking).
     Keyword arguments with these names are taken by ``run_gang``: give ``fn`` such
-    arguments with ``functools.partial``.
+    arguments with ``functools.partial``. Futures among ``args`` and ``kwargs`` reach ``fn``
+    as their values (each member's worker fetches them once, from wherever they are).
 
     Raises :class:`GangError` naming the failing rank when a member fails or its worker dies.
 
@@ -172,19 +178,64 @@ def run_gang(client: Any, fn: Callable, workers: Sequence[str] | None = None, *a
     ...          lr=0.1, timeout=30.0)                                  # doctest: +SKIP
     [{'loss': 0.12}, {'loss': 0.12}]
     """
+    return run_gang_timed(client, fn, workers, *args, timeout=timeout,
+                          admission_timeout=admission_timeout, algorithm=algorithm,
+                          priority=priority, **kwargs)[0]
+
+
+def run_gang_timed(client: Any, fn: Callable, workers: Sequence[str] | None = None, *args: Any,
+                   timeout: float = 60.0, admission_timeout: float | None = None,
+                   algorithm: str = "auto", priority: int = 0,
+                   **kwargs: Any) -> tuple[list[Any], dict[str, float]]:
+    """:func:`run_gang`, also returning where the time went: ``lock_s`` (waiting for the
+    admission lock), ``wait_s`` (then until the last member started: its worker was busy, e.g.
+    with another gang), ``admission_s`` (from asking for the lock until every member had checked
+    in, both included), ``run_s`` (from then until the results were back).
+    """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if _inside_task():
-        from distributed import worker_client
+    with gang_client(client) as c:
+        return _run(c, fn, workers, args, kwargs, timeout, admission_timeout, algorithm, priority)
 
-        with worker_client() as wc:
-            return _run(wc, fn, workers, args, kwargs, timeout, admission_timeout, algorithm,
-                        priority)
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def gang_client(client: Any = None):
+    """The client gangs are launched with: inside a Dask task, the worker's client, the task
+    having seceded from the worker's thread pool (so its thread can host a member) for good,
+    else ``client`` or the current one. The task never rejoins the pool: rejoining waits for a
+    free thread, and on a worker whose one thread now runs another gang's member that wait
+    lasts that gang's whole training (seen as seconds of overhead per branch).
+
+    >>> with gang_client() as c:                                     # doctest: +SKIP
+    ...     future = c.scatter(data, broadcast=True)
+    ...     run_gang(c, member, None, future)
+    """
+    held = getattr(_state, "client", None)
+    if held is not None:
+        yield held
+        return
+    if _inside_task():
+        from distributed import get_client, secede
+
+        wc = get_client()
+        try:
+            secede()
+        except KeyError:  # seceded already (an earlier gang in this task)
+            pass
+        _state.client = wc
+        try:
+            yield wc
+        finally:
+            _state.client = None
+        return
     if client is None:
         from distributed import get_client
 
         client = get_client()
-    return _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorithm, priority)
+    yield client
 
 
 def _inside_task() -> bool:
@@ -205,7 +256,7 @@ def _alive_workers(client) -> set[str]:
 
 
 def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorithm,
-         priority) -> list[Any]:
+         priority) -> tuple[list[Any], dict[str, float]]:
     from distributed import Event, Lock, Queue, Variable
 
     alive = _alive_workers(client)
@@ -231,10 +282,13 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
     lock = Lock(ADMISSION_LOCK, scheduler_rpc=client.scheduler, loop=client.loop)
     deadline = None if admission_timeout is None else time.monotonic() + admission_timeout
     futures: list = []
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     try:
         if not lock.acquire(timeout=admission_timeout):
             raise GangError(f"gang {name}: another gang held the admission lock for more than "
                             f"admission_timeout={admission_timeout:g} s")
+        timings["lock_s"] = time.perf_counter() - t0
         try:
             futures = [
                 client.submit(_member, name, rank, workers, fn, args, kwargs, timeout,
@@ -243,7 +297,9 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
                               priority=priority)
                 for rank, address in enumerate(workers)
             ]
-            addresses = _admit(client, name, workers, futures, checkin, deadline)
+            addresses, last_start = _admit(client, name, workers, futures, checkin, deadline)
+            # waiting for busy workers to start the members (e.g. another gang's training) is queueing
+            timings["wait_s"] = max(last_start - t0 - timings["lock_s"], 0.0)
             peers.set({"addresses": addresses})
             started.set()
         except BaseException as e:
@@ -252,7 +308,10 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
             raise
         finally:
             lock.release()
-        return _gather(client, name, workers, futures, timeout)
+        timings["admission_s"] = time.perf_counter() - t0
+        results = _gather(client, name, workers, futures, timeout)
+        timings["run_s"] = time.perf_counter() - t0 - timings["admission_s"]
+        return results, timings
     except BaseException:
         if futures:
             client.cancel(futures)
@@ -266,14 +325,18 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
                 pass
 
 
-def _admit(client, name, workers, futures, checkin, deadline) -> list[str]:
-    """Wait (holding the lock) until every member has checked in with its listener address."""
+def _admit(client, name, workers, futures, checkin, deadline) -> tuple[list[str], float]:
+    """Wait (holding the lock) until every member has checked in with its listener address;
+    return the addresses and when (``perf_counter``, estimated) the last member started."""
     addresses: list[str | None] = [None] * len(workers)
+    last_start = 0.0
     pause = 0.01
     while any(a is None for a in addresses):
         arrived = checkin.get(batch=True)  # what is there now; blocking gets log scheduler errors
-        for rank, address in arrived:
+        now = time.perf_counter()
+        for rank, address, took in arrived:
             addresses[rank] = address
+            last_start = max(last_start, now - took)
         if arrived:
             pause = 0.01
             continue
@@ -291,7 +354,7 @@ def _admit(client, name, workers, futures, checkin, deadline) -> list[str]:
             raise GangError(f"gang {name}: ranks {waiting} did not start within admission_timeout "
                             f"(workers {[workers[r] for r in waiting]} busy?)", rank=waiting[0],
                             worker=workers[waiting[0]])
-    return addresses  # type: ignore[return-value]
+    return addresses, last_start  # type: ignore[return-value]
 
 
 def _gather(client, name, workers, futures, timeout) -> list[Any]:

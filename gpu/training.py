@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from .engine import Solo, TrainConfig, run_member
+from .engine import Solo, TrainConfig, run_member, tune_member
 
 __all__ = ["train"]
 
@@ -97,7 +97,7 @@ class _GangMember:
 
 
 # The Quiver dashboard (graph/dashboard.py) reads these events; gpu cannot import graph, so the
-# topic name is repeated here (graph.events.TRAINING_TOPIC; a test checks they agree).
+# topic name is repeated here (graph.dashboard.protocol.TRAINING_TOPIC; a test checks they agree).
 TRAINING_TOPIC = "quiver-training"
 
 
@@ -134,7 +134,7 @@ def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]
     return publish
 
 
-def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
+def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None, tuned: dict | None = None):
     """``run_member`` with its progress published (start, tuning, every epoch, end)."""
     publish = _publisher(task, ctx.rank, ctx.size)
     if ctx.rank == 0:
@@ -149,20 +149,31 @@ def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None):
         if ctx.rank == 0:
             publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
 
-    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune)
+    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune, tuned=tuned)
     publish({"kind": "end", "epochs_done": len(out["history"])})
     return out
 
 
-def _member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None):
-    return _observed(_GangMember(ctx, checkpoint_name), data, model, cfg, resume, task)
+def _train_member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None, tuned=None):
+    return _observed(_GangMember(ctx, checkpoint_name), _as_data(data), model, cfg, resume, task, tuned)
 
 
-def _last_checkpoint(name: str) -> dict | None:
+def _tune(ctx, data, model, cfg: TrainConfig, task=None):
+    """A gang member that only tunes the replicas (see :func:`gpu.engine.tune_member`)."""
+    publish = _publisher(task, ctx.rank, ctx.size)
+
+    def on_tune(curve: list) -> None:
+        if ctx.rank == 0:
+            publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
+
+    return tune_member(_GangMember(ctx, ""), _as_data(data), model, cfg, on_tune=on_tune)
+
+
+def _last_checkpoint(name: str, client=None) -> dict | None:
     """The last checkpoint rank 0 published (``None`` before the first epoch ended)."""
     from distributed import Variable
 
-    blob = Variable(name).get()  # set to b"" before the first gang: never a timed wait
+    blob = Variable(name, client=client).get()  # set to b"" before the first gang: never a timed wait
     return pickle.loads(blob) if blob else None
 
 
@@ -208,11 +219,18 @@ def train(
     on the test split, ``history`` (per epoch: losses, accuracy, samples/s, compute and sync
     seconds, replicas, spread of the replicas around ``z``), ``epochs``, ``seconds`` (from the
     first data touch, evaluation and tuning included), ``epochs_to_target`` and
-    ``seconds_to_target`` (``None`` if not reached), ``replicas``, ``tuning`` (the
-    auto-tuner's ``(replicas, samples/s)`` curve; its steps are real training steps, counted in
-    ``tuning_samples`` and in the first epoch's ``samples``), ``partitions``, ``workers``,
-    ``restarts`` and ``restart_errors`` (why each restart happened).
+    ``seconds_to_target`` (``None`` if not reached), ``replicas`` and ``replicas_source``
+    (``"given"``, ``"tuned"``, ``"remembered"``: tuned earlier on this cluster for the same
+    model, data shapes, batch and workers, or ``"checkpoint"``), ``tuning`` (the auto-tuner's
+    ``(replicas, samples/s)`` curve, measured on a scratch copy: a tuned run trains the model
+    ``replicas=<count>`` trains; ``tuning_samples`` its measurement steps), ``partitions``,
+    ``workers``, ``restarts`` and ``restart_errors`` (why each restart happened); and where the
+    time went: ``training_seconds`` (the epochs' step loops), ``wall_seconds`` (this call),
+    ``queued_seconds`` (waiting for other gangs), ``overhead_seconds`` (wall less training less
+    queued), ``admission_seconds``, ``data_seconds`` (scattering the data to the workers, once)
+    and ``tuning_seconds``.
     """
+    t_call = time.perf_counter()
     cfg = TrainConfig(
         epochs=epochs, lr=lr, batch_size=batch_size, replicas=replicas, algorithm=algorithm,
         target_accuracy=target_accuracy, momentum=momentum, central_momentum=central_momentum,
@@ -224,66 +242,149 @@ def train(
     data = _as_data(data)
     restarts = 0
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
+    overheads = {"admission_seconds": 0.0, "queued_seconds": 0.0, "data_seconds": 0.0, "tuning_seconds": 0.0}
     if workers == 1 or not _in_dask():
         out = _observed(Solo(), data, model, cfg, None, task)
         size = 1
     else:
-        from .gang import GangError, run_gang
-
         from distributed import Event, Variable
 
-        # Named after the step's task key when inside Dask: if the worker running this step dies,
-        # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
-        name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
-        started = Event(f"{name}-started")  # set once the checkpoint variable exists
-        resume = _last_checkpoint(name) if started.is_set() else None
-        failures: list[str] = []
-        if resume is not None:
-            restarts += 1
-            failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
-        if not started.is_set():
-            Variable(name).set(b"")
-            started.set()
-        while True:
-            pool = None
-            if workers is not None:
-                from distributed import get_client
+        from .gang import GangError, gang_client, run_gang_timed
 
-                pool = sorted(get_client().scheduler_info(n_workers=-1)["workers"])[:workers]
-            member = functools.partial(
-                _member, data=data, model=model, cfg=cfg, resume=resume, checkpoint_name=name, task=task
-            )
-            try:
-                results = run_gang(None, member, pool, timeout=timeout)
-                break
-            except GangError as exc:
+        with gang_client() as client:
+            # Named after the step's task key when inside Dask: if the worker running this step dies,
+            # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
+            name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
+            started = Event(f"{name}-started", client=client)  # set once the checkpoint variable exists
+            resume = _last_checkpoint(name, client) if started.is_set() else None
+            failures: list[str] = []
+            if resume is not None:
                 restarts += 1
-                failures.append(str(exc))
-                if restarts > max_restarts:
-                    _forget(name)
-                    raise RuntimeError(
-                        f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
-                    ) from exc
-                resume = _last_checkpoint(name) or resume
-        out = results[0]
-        size = len(results)
-        _forget(name)
-        out["restart_errors"] = failures
-    return _summarise(out, model, cfg, size, restarts)
+                failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
+            if not started.is_set():
+                Variable(name, client=client).set(b"")
+                started.set()
+            tuned = None
+            while True:
+                pool = None
+                alive = sorted(client.scheduler_info(n_workers=-1)["workers"])
+                if workers is not None:
+                    pool = alive[:workers]
+                # the data set goes to the gang's workers once (as one key), not inside every member task
+                t0 = time.perf_counter()
+                shipped = client.scatter(data, workers=pool or alive, broadcast=True, hash=False)
+                overheads["data_seconds"] += time.perf_counter() - t0
+                try:
+                    if cfg.replicas == "auto" and resume is None and tuned is None:
+                        tuned = _auto_replicas(client, shipped, data, model, cfg, pool, len(pool or alive),
+                                               task, timeout, overheads)
+                    member = functools.partial(_train_member, model=model, cfg=cfg, resume=resume,
+                                               checkpoint_name=name, task=task, tuned=tuned)
+                    results, timings = run_gang_timed(client, member, pool, shipped, timeout=timeout)
+                    _count(overheads, timings)
+                    break
+                except GangError as exc:
+                    restarts += 1
+                    failures.append(str(exc))
+                    if restarts > max_restarts:
+                        _forget(name, client)
+                        raise RuntimeError(
+                            f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
+                        ) from exc
+                    resume = _last_checkpoint(name, client) or resume
+                finally:
+                    del shipped
+            out = results[0]
+            size = len(results)
+            _forget(name, client)
+            out["restart_errors"] = failures
+    return _summarise(out, model, cfg, size, restarts, overheads, time.perf_counter() - t_call)
 
 
-def _forget(name: str) -> None:
+def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) -> list[str] | None:
+    """Where the scheduler remembers a tuned replica count: everything the tuner's choice depends on
+    (the model, the data's shapes, batch size, sync period, tuner settings, the number of workers),
+    and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
+    deterministic token (then every run tunes)."""
+    from dask.base import tokenize
+
+    try:
+        with _deterministic_tokens():
+            token = tokenize(
+                model, cfg.batch_size, cfg.sync_every, cfg.max_replicas, cfg.tune_threshold, cfg.tune_steps,
+                cfg.partitions, cfg.algorithm, size, tuple(data.x_train.shape), str(data.x_train.dtype),
+                str(data.x_train.device), len(data.x_test),
+            )
+    except Exception:
+        return None
+    return ["quiver", "replicas-auto", token]
+
+
+def _deterministic_tokens():
+    import dask
+
+    return dask.config.set({"tokenize.ensure-deterministic": True})
+
+
+def _count(overheads: dict, timings: dict) -> None:
+    """Add a gang's timings: waiting for other gangs (their admission, their workers) apart from
+    this gang's own admission."""
+    queued = timings["lock_s"] + timings.get("wait_s", 0.0)
+    overheads["queued_seconds"] += queued
+    overheads["admission_seconds"] += max(timings["admission_s"] - queued, 0.0)
+
+
+def _auto_replicas(client, shipped, data, model, cfg: TrainConfig, pool, size: int, task, timeout,
+                   overheads: dict) -> dict:
+    """The replica count for ``replicas="auto"``: remembered by the scheduler from an earlier
+    tuning of the same model, data shapes, batch and workers, else tuned now by a gang of its own
+    and remembered. A lock per memo key makes concurrent runs wait for one tuning and share it."""
+    from distributed import Lock
+
+    from .gang import run_gang_timed
+
+    def tune() -> dict:
+        t0 = time.perf_counter()
+        results, timings = run_gang_timed(client, functools.partial(_tune, model=model, cfg=cfg, task=task),
+                                          pool, shipped, timeout=timeout)
+        _count(overheads, timings)
+        overheads["tuning_seconds"] += time.perf_counter() - t0 - timings["admission_s"]
+        return results[0]
+
+    key = _replicas_memo_key(model, data, cfg, size)
+    if key is None:
+        return tune()
+    lock = Lock(f"quiver-replicas-{key[-1]}", scheduler_rpc=client.scheduler, loop=client.loop)
+    t0 = time.perf_counter()
+    lock.acquire()
+    overheads["queued_seconds"] += time.perf_counter() - t0
+    try:
+        memo = client.get_metadata(key, default=None)
+        if memo is not None:
+            return {**memo, "source": "remembered", "tuning_samples": 0}
+        tuned = tune()
+        client.set_metadata(key, {"replicas": tuned["replicas"], "tuning": [list(p) for p in tuned["tuning"]],
+                                  "step_compute": tuned["step_compute"]})
+        return tuned
+    finally:
+        lock.release()
+
+
+def _forget(name: str, client=None) -> None:
     try:
         from distributed import Event, Variable
 
-        Variable(name).delete()
-        Event(f"{name}-started").clear()
+        Variable(name, client=client).delete()
+        Event(f"{name}-started", client=client).clear()
     except Exception:
         pass
 
 
-def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int) -> dict:
+def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int,
+               overheads: dict | None = None, wall: float | None = None) -> dict:
     import torch
+
+    overheads = overheads or {}
 
     from .replicas import ParamLayout
 
@@ -294,17 +395,22 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
     history = out["history"]
     last = history[-1] if history else {}
     reached = next((h for h in history if cfg.target_accuracy is not None and h["accuracy"] >= cfg.target_accuracy), None)
-    return {
+    timings = out.get("timings", {})
+    training = float(sum(h.get("train_s", 0.0) for h in history))
+    lead = float(overheads.get("tuning_seconds", 0.0))
+    result = {
         "model": net,
         "accuracy": last.get("accuracy", float("nan")),
         "test_loss": last.get("test_loss", float("nan")),
         "train_loss": last.get("train_loss", float("nan")),
         "history": history,
         "epochs": len(history),
-        "seconds": last.get("elapsed_s", 0.0),
+        # from the first data touch: a tuning gang run for this call (before the training gang) counts
+        "seconds": last.get("elapsed_s", 0.0) + lead,
         "epochs_to_target": reached["epoch"] if reached else None,
-        "seconds_to_target": reached["elapsed_s"] if reached else None,
+        "seconds_to_target": reached["elapsed_s"] + lead if reached else None,
         "replicas": out["replicas"],
+        "replicas_source": out.get("replicas_source", "given"),
         "samples_per_s": float(sum(h["samples_per_s"] for h in history) / max(len(history), 1)),
         "tuning": out["tuning"],
         "partitions": out.get("partitions", 1),
@@ -314,4 +420,16 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "restart_errors": out.get("restart_errors", []),
         "tuning_samples": out.get("tuning_samples", 0),
         "algorithm": cfg.algorithm,
+        # where a branch's time went (seconds): the epochs' training loops, and everything else
+        "training_seconds": training,
+        "tuning_seconds": float(timings.get("tuning_s", 0.0) + timings.get("partitions_s", 0.0)
+                                + overheads.get("tuning_seconds", 0.0)),
+        "admission_seconds": float(overheads.get("admission_seconds", 0.0)),
+        "queued_seconds": float(overheads.get("queued_seconds", 0.0)),
+        "data_seconds": float(overheads.get("data_seconds", 0.0)),
     }
+    if wall is not None:
+        result["wall_seconds"] = wall
+        # what the branch cost besides its training loops and waiting for other branches' gangs
+        result["overhead_seconds"] = max(wall - training - result["queued_seconds"], 0.0)
+    return result

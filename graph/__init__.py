@@ -39,14 +39,14 @@ _LAZY = {
     "execute": "graph.executor",
     "connect": "graph.cluster",
     "QuiverDashboard": "graph.dashboard",
-    "MemoryPlan": "graph.memory_plan",
-    "plan_memory": "graph.memory_plan",
+    "MemoryPlan": "graph.memory.plan",
+    "plan_memory": "graph.memory.plan",
     "ResultStore": "graph.store",
-    "not_rerunnable": "graph.store",
+    "not_rerunnable": "graph.rerun",
 }
 
 
-def compile(node: Any):  # noqa: A001 - the contract name (DESIGN §3)
+def compile(node: Any):  # noqa: A001 - the contract name (docs/architecture.md §3)
     """Compile a pipeline node (or a ``graph.spec`` value) into a ``CompiledPipeline``.
 
     >>> from pipelines import Pipeline, grid

@@ -15,12 +15,51 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
-__all__ = ["connect", "default_workers"]
+__all__ = ["connect", "default_workers", "workers_skip_main"]
 
 
 def default_workers() -> int:
     """One single-threaded worker process per core, at most four."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def workers_skip_main() -> Iterator[None]:
+    """While open, processes started with multiprocessing's ``spawn`` (how Dask's nannies start
+    workers) do not re-run the parent's main script.
+
+    ``spawn`` normally re-imports the main script in every child (as ``__mp_main__``), so a
+    script that calls ``.run()`` at module level without an ``if __name__ == "__main__":``
+    guard would start a cluster inside each worker's bootstrapping, which fails there and
+    leaves the run waiting for workers forever.  Workers do not need the script: cloudpickle
+    ships functions and classes defined in ``__main__`` by value.  Only the preparation data
+    of children started meanwhile changes (no ``init_main_from_path``/``init_main_from_name``);
+    ``__main__`` itself (its ``__file__``, its globals) is untouched.
+
+    >>> import multiprocessing.spawn as spawn
+    >>> with workers_skip_main():
+    ...     "init_main_from_path" in spawn.get_preparation_data("probe")
+    False
+    """
+    import multiprocessing.spawn as spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_quiver_skip_main", False):  # nested (a cluster inside a cluster's run)
+        yield
+        return
+
+    def get_preparation_data(name: str) -> dict:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._quiver_skip_main = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = original
 
 
 @contextlib.contextmanager
@@ -43,7 +82,7 @@ def connect(
 
     ``memory_budget`` (embedded cluster only): the total for all workers, split
     evenly into their ``memory_limit``; each worker keeps its results in a
-    :class:`graph.spill.PlannedSpillBuffer` so a run's memory plan decides what
+    :class:`graph.memory.spill.PlannedSpillBuffer` so a run's memory plan decides what
     is spilled first.
     """
     if isinstance(client, Client):
@@ -66,18 +105,23 @@ def connect(
         dashboard_address=dashboard_address,
     )
     if memory_budget is not None:
-        from .budget import worker_limits
-        from .spill import PlannedSpillBuffer
+        from .memory.budget import worker_limits
+        from .memory.spill import PlannedSpillBuffer
 
         limit = worker_limits(memory_budget, kwargs["n_workers"])
         kwargs["memory_limit"] = limit
         kwargs["data"] = (PlannedSpillBuffer, {"target": int(limit * 0.6)})  # Dask's default target until a plan sets its own
     elif memory_limit is not None:
         kwargs["memory_limit"] = memory_limit
-    with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+    # workers_skip_main: a script without an ``if __name__ == "__main__":`` guard works too
+    # (workers, restarted ones included, never re-run it); see its docstring
+    with workers_skip_main(), LocalCluster(**kwargs) as cluster, Client(cluster) as c:
         from .dashboard import ensure_dashboard
 
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
+        from .logdigest import ErrorDigestPlugin
+
+        c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
         _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
         yield c
 

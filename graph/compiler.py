@@ -20,6 +20,7 @@ branch that *could* be kept; the executor submits only those actually kept.
 from __future__ import annotations
 
 import itertools
+import re
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,16 @@ from .spec import (
     max_branches,
 )
 
-__all__ = ["Branch", "ChoosePoint", "CompiledPipeline", "compile_spec", "extract_metric", "scalar_entries"]
+__all__ = [
+    "Branch",
+    "ChoosePoint",
+    "CompiledPipeline",
+    "compile_spec",
+    "dependents_of",
+    "extract_metric",
+    "metric_failure_cause",
+    "scalar_entries",
+]
 
 Choice = tuple[str, str, tuple]  # (explore name, label, params)
 Gate = tuple[int, int]  # (choose point index, input branch index)
@@ -146,6 +156,29 @@ def scalar_entries(value: Any) -> dict[str, Any]:
             if not isinstance(v, str) or len(v) <= 200:
                 out[k] = v
     return out
+
+
+def metric_failure_cause(error: str | None) -> str:
+    """The reason a metric read failed, without what differs from branch to branch (which
+    values, which keys), so that two branches failing alike give the same cause.
+
+    >>> metric_failure_cause("KeyError: choose('acc'): the step's output has no key 'acc' (keys: ['x'])")
+    "the step's output has no key 'acc'"
+    >>> metric_failure_cause("TypeError: choose('x'): metric 'x' must be a real number, got str 'abc'")
+    "the metric 'x' is not a number"
+    >>> metric_failure_cause("ZeroDivisionError: division by zero")
+    'ZeroDivisionError: division by zero'
+    """
+    text = error or ""
+    if "which must be a mapping" in text:
+        return "the step's output is not a mapping"
+    found = re.search(r"has no key ('[^']*'|\S+) \(keys:", text)
+    if found:
+        return f"the step's output has no key {found.group(1)}"
+    found = re.search(r"metric ('[^']*'|\S+) must be a real number", text)
+    if found:
+        return f"the metric {found.group(1)} is not a number"
+    return text.splitlines()[0] if text else ""
 
 
 def extract_metric(value: Any, metric: Any, where: str) -> tuple[float, dict[str, Any]]:
@@ -277,14 +310,25 @@ def _merge(a: tuple, b: tuple) -> tuple:
     return a + tuple(x for x in b if not (x in seen or seen.add(x)))
 
 
+def dependents_of(graph: Mapping[str, Task]) -> dict[str, set[str]]:
+    """``{key: keys of the tasks that read it}`` for every key of ``graph`` (one owner of the map).
+
+    >>> def f(*a): return 0
+    >>> dependents_of({"a": Task("a", f), "b": Task("b", f, TaskRef("a"))})
+    {'a': {'b'}, 'b': set()}
+    """
+    dependents: dict[str, set[str]] = {k: set() for k in graph}
+    for key, task in graph.items():
+        for dep in task.dependencies:
+            dependents.setdefault(dep, set()).add(key)
+    return dependents
+
+
 def compile_spec(spec: Spec) -> CompiledPipeline:
     """Compile the exploration ending at ``spec`` into a :class:`CompiledPipeline`."""
     c = _Compiler()
     branches = c.branches(spec)
-    dependents: dict[str, set[str]] = {k: set() for k in c.graph}
-    for key, task in c.graph.items():
-        for dep in task.dependencies:
-            dependents[dep].add(key)
+    dependents = dependents_of(c.graph)
     return CompiledPipeline(
         graph=c.graph,
         metric_graph=c.metric_graph,

@@ -12,6 +12,15 @@ on it.
 True
 >>> step_key(double, {"factor": 3}, ("load-abc",)).startswith("double-")
 True
+
+This module owns the key format both ways: :func:`step_name` reads a step's name off a
+key, and :func:`recompute_key` / :func:`original_key` build and parse the distinct name a
+released result is recomputed under (``<key>~again<N>``).
+
+>>> step_name("double-3f2a9c"), step_name(recompute_key("double-3f2a9c", 2))
+('double', 'double')
+>>> original_key(recompute_key("double-3f2a9c", 2)), original_key("double-3f2a9c")
+('double-3f2a9c', 'double-3f2a9c')
 """
 
 from __future__ import annotations
@@ -22,13 +31,49 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import dask
-from dask.tokenize import TokenizationError, tokenize
-
 from .errors import PipelineError
 from .spec import fn_name
 
-__all__ = ["function_identity", "step_key", "metric_key", "check_tokenizable", "TokenizationError"]
+__all__ = [
+    "RECOMPUTE_MARK",
+    "TokenizationError",
+    "check_tokenizable",
+    "function_identity",
+    "metric_key",
+    "original_key",
+    "recompute_key",
+    "step_key",
+    "step_name",
+]
+
+#: what separates a key from the number of its recompute copy (``<key>~again<N>``)
+RECOMPUTE_MARK = "~again"
+
+
+def step_name(key: str) -> str:
+    """The step (function) name a task key was made from: ``"<name>-<token>"`` -> ``name``
+    (a recompute copy names its original's step)."""
+    return original_key(str(key)).rsplit("-", 1)[0]
+
+
+def recompute_key(key: str, n: int) -> str:
+    """The distinct name under which a released result ``key`` is computed again (the ``n``-th copy)."""
+    return f"{key}{RECOMPUTE_MARK}{n}"
+
+
+def original_key(name: str) -> str:
+    """The key a recompute copy stands for (``name`` itself when it is not a copy)."""
+    if isinstance(name, str) and RECOMPUTE_MARK in name:
+        return name.split(RECOMPUTE_MARK, 1)[0]
+    return name
+
+
+def __getattr__(name: str) -> Any:  # Dask loads on first use: ``import graph`` stays Dask-free
+    if name == "TokenizationError":
+        from dask.tokenize import TokenizationError
+
+        return TokenizationError
+    raise AttributeError(f"module 'graph.keys' has no attribute {name!r}")
 
 
 def _const_repr(const: Any) -> str:
@@ -124,12 +169,18 @@ def function_identity(fn: Callable) -> Any:
 
 
 def _det(obj: Any) -> str:
+    import dask
+    from dask.tokenize import tokenize
+
     with dask.config.set({"tokenize.ensure-deterministic": True}):
         return tokenize(obj)
 
 
 def step_key(fn: Callable, params: Mapping[str, Any], inputs: tuple) -> str:
     """The key of one step instance: ``<function name>-<token>``."""
+    import dask
+    from dask.tokenize import tokenize
+
     with dask.config.set({"tokenize.ensure-deterministic": True}):
         token = tokenize(function_identity(fn), dict(params), inputs)
     return f"{fn_name(fn)}-{token}"
@@ -150,6 +201,8 @@ def check_tokenizable(where: str, what: str, obj: Any) -> None:
         ...
     graph.errors.PipelineError: pipeline 'p', source(load): parameter 'x' (object) has no deterministic token, ...
     """
+    from dask.tokenize import TokenizationError
+
     try:
         if callable(obj) and not isinstance(obj, type):
             first, second = _det(function_identity(obj)), _det(function_identity(obj))

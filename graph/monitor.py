@@ -14,10 +14,11 @@ sizes, and samples the workers' process memory and spilled bytes.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .keys import original_key
 
 __all__ = ["RunMonitor", "snapshot_on_scheduler"]
 
@@ -27,12 +28,11 @@ class RunMonitor(SchedulerPlugin):
         self.name = f"quiver-{run_id}"
         self.keys = set(keys)
         self.sample_interval = sample_interval
-        self.executed: Counter = Counter()
-        self.seconds: dict[str, float] = {}
-        self.nbytes: dict[str, int] = {}
+        # key -> (times executed, compute seconds, output bytes or None): one small tuple per
+        # key, the scheduler-side cost of a run (the record is read once, by ``snapshot``)
+        self.record: dict[str, tuple[int, float, int | None]] = {}
         self.peak_memory = 0
         self.peak_worker = 0
-        self.peak_spilled = 0
         self.timeline: list[tuple[float, int, int]] = []  # (seconds, process bytes, spilled bytes)
         self.limit: int | None = None
         self.topic: str | None = None
@@ -66,7 +66,6 @@ class RunMonitor(SchedulerPlugin):
         spilled = sum(ws.memory.spilled for ws in workers)
         self.peak_memory = max(self.peak_memory, process)
         self.peak_worker = max([self.peak_worker] + [ws.memory.process for ws in workers])
-        self.peak_spilled = max(self.peak_spilled, spilled)
         now = time.monotonic()
         if self._t0 is None:
             self._t0 = now
@@ -76,34 +75,32 @@ class RunMonitor(SchedulerPlugin):
                 self.timeline = self.timeline[::2]
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
-        if start != "processing" or finish not in ("memory", "erred"):
+        # called for every transition of every task on the scheduler: return at once unless
+        # one of this run's tasks just finished computing
+        if start != "processing" or (finish != "memory" and finish != "erred"):
             return
-        if isinstance(key, str) and "~again" in key:  # the executor's recompute copy of a key
-            key = key.split("~again", 1)[0]
+        key = original_key(key)  # the executor's recompute copy of a key counts as the key
         if key not in self.keys:
             return
-        self.executed[key] += 1
         compute = 0.0
         for ss in kwargs.get("startstops") or ():
             if ss.get("action") == "compute":
                 compute += ss["stop"] - ss["start"]
-        self.seconds[key] = self.seconds.get(key, 0.0) + compute
-        if kwargs.get("nbytes") is not None:
-            self.nbytes[key] = kwargs["nbytes"]
-            if self.limit is not None and self.topic and kwargs["nbytes"] > self.limit and self._scheduler:
-                from .budget import oversized_message
-
-                self._scheduler.log_event(self.topic, oversized_message(key, kwargs["nbytes"], self.limit))
+        n, seconds, nbytes = self.record.get(key, (0, 0.0, None))
+        size = kwargs.get("nbytes")
+        self.record[key] = (n + 1, seconds + compute, nbytes if size is None else size)
+        if size is not None and self.limit is not None and self.topic and size > self.limit and self._scheduler:
+            # the client side words it (graph.memory.budget): the monitor imports nothing of it
+            self._scheduler.log_event(self.topic, {"key": key, "nbytes": size, "limit": self.limit})
 
     def snapshot(self) -> dict[str, Any]:
         self.sample()
         return {
-            "executed": dict(self.executed),
-            "seconds": dict(self.seconds),
-            "nbytes": dict(self.nbytes),
+            "executed": {k: r[0] for k, r in self.record.items()},
+            "seconds": {k: r[1] for k, r in self.record.items()},
+            "nbytes": {k: r[2] for k, r in self.record.items() if r[2] is not None},
             "peak_memory_bytes": self.peak_memory,
             "peak_worker_memory_bytes": self.peak_worker,
-            "spilled_bytes": self.peak_spilled,
             "timeline": list(self.timeline),
         }
 

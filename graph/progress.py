@@ -26,7 +26,8 @@ class Progress:
         self.start = time.monotonic()
         self._last = 0.0
         self._shown = False
-        self.extra = ""  # e.g. the latest training epoch (graph.events.TrainingWatch sets it)
+        self.extra = ""  # e.g. the latest training epoch (graph.dashboard.protocol.TrainingWatch sets it)
+        self.warning = ""  # what the run wants the user to see now (the state machine's Warn)
 
     def update(
         self,
@@ -53,9 +54,17 @@ class Progress:
         )
         if self.extra:
             line += f"  {self.extra}"
+        if self.warning:
+            line += f"  ! {self.warning}"
         self.stream.write(line)
         self.stream.flush()
         self._shown = True
+
+    def note(self, message: str) -> None:
+        """Show ``message`` on the line from now on (and redraw it at once)."""
+        self.warning = message
+        if self.enabled and self._shown:
+            self._last = 0.0
 
     def close(self) -> None:
         if self.enabled and self._shown:

@@ -5,9 +5,9 @@ Ranking is by the metric (higher first for ``mode="max"``, lower first for
 metric ranks after every number and never reaches a threshold.
 
 >>> decide({0: 0.5, 1: 0.9, 2: 0.9}, order=[2, 1, 0], pending=[], mode="max", k=None, threshold=None)
-Decision(keep=[1], drop=[2, 0], cancel=[], final=True)
+ChooseOutcome(keep=[1], drop=[2, 0], cancel=[], final=True)
 >>> decide({0: 0.5, 1: 0.9}, order=[1, 0], pending=[2, 3], mode="max", k=1, threshold=0.8)
-Decision(keep=[1], drop=[0], cancel=[2, 3], final=True)
+ChooseOutcome(keep=[1], drop=[0], cancel=[2, 3], final=True)
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Decision", "decide", "rank", "meets", "sort_key"]
+__all__ = ["ChooseOutcome", "best", "decide", "rank", "meets", "sort_key"]
 
 
 @dataclass
-class Decision:
+class ChooseOutcome:
     """Input indices to keep (best first), to drop (resolved, not kept) and to cancel (unfinished)."""
 
     keep: list[int]
@@ -40,6 +40,22 @@ def rank(metrics: Mapping[int, float], mode: str) -> list[int]:
     return sorted(metrics, key=lambda i: sort_key(metrics[i], i, mode))
 
 
+def best(metrics: Mapping[int, float], mode: str) -> int | None:
+    """The index of the best numeric metric (ties: the lower index), ``None`` if none is a number.
+    The one rule for "best so far" (progress line, dashboard).
+
+    >>> best({3: 0.5, 1: 0.9, 2: 0.9, 0: float("nan")}, "max"), best({0: float("nan")}, "min")
+    (1, None)
+    """
+    pick = None
+    for i, m in metrics.items():
+        if m is None or m != m:
+            continue
+        if pick is None or sort_key(m, i, mode) < sort_key(metrics[pick], pick, mode):
+            pick = i
+    return pick
+
+
 def meets(metric: float, threshold: float, mode: str) -> bool:
     if math.isnan(metric):
         return False
@@ -53,7 +69,7 @@ def decide(
     mode: str,
     k: int | None,
     threshold: float | None,
-) -> Decision | None:
+) -> ChooseOutcome | None:
     """Decide one group of a choose, or return ``None`` if it must wait for more results.
 
     ``metrics`` holds the metric of every finished branch (failed ones are absent),
@@ -65,7 +81,7 @@ def decide(
             keep = reached[:k]
             kept = set(keep)
             drop = [i for i in order if i in metrics and i not in kept]
-            return Decision(keep, drop, list(pending), True)
+            return ChooseOutcome(keep, drop, list(pending), True)
         return None
     if pending:
         return None
@@ -75,4 +91,4 @@ def decide(
     else:
         keep = [i for i in ranked if not math.isnan(metrics[i])][: 1 if k is None else k]
     kept = set(keep)
-    return Decision(keep, [i for i in ranked if i not in kept], [], True)
+    return ChooseOutcome(keep, [i for i in ranked if i not in kept], [], True)

@@ -69,6 +69,8 @@ def check_picklable(graph: dict, where: str = "") -> None:
     """
     from dask.task_spec import DataNode, TaskRef
 
+    from .keys import step_name
+
     from .errors import PipelineError
 
     seen: set[int] = set()
@@ -86,7 +88,7 @@ def check_picklable(graph: dict, where: str = "") -> None:
                 cloudpickle.dumps(obj)
             except Exception as exc:
                 raise PipelineError(
-                    f"{where}step {str(key).rsplit('-', 1)[0]!r} (key {key!r}): {what} "
+                    f"{where}step {step_name(str(key))!r} (key {key!r}): {what} "
                     f"({type(obj).__name__}) cannot be pickled to send it to the workers "
                     f"({type(exc).__name__}: {exc}). Pass something picklable (plain values, "
                     "arrays, dataclasses), or create the object inside the step from plain parameters."

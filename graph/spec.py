@@ -24,6 +24,7 @@ __all__ = [
     "ExploreSpec",
     "CombineSpec",
     "ChooseSpec",
+    "PruneSpec",
     "Spec",
     "describe",
     "upstream",
@@ -112,6 +113,43 @@ class CombineSpec:
     call: Call
 
 
+@dataclass(frozen=True)
+class PruneSpec:
+    """Asynchronous successive halving for a choose (docs/architecture.md §7): what
+    ``pipelines.halving`` returns, a plain value (validated there).
+
+    Rungs are at ``min_iter * factor**r`` reports (r = 0, 1, ...), below ``max_iter``;
+    a branch that makes ``max_iter`` reports stops there and completes (not pruned).
+
+    >>> p = PruneSpec(factor=3, min_iter=2, max_iter=20)
+    >>> p.rungs(100), p.rung_of(6), p.rung_of(5), p.rung_of(18)
+    ((2, 6, 18), 1, None, 2)
+    >>> PruneSpec(factor=2, min_iter=1, max_iter=4).rungs(100)
+    (1, 2)
+    """
+
+    factor: int = 3
+    min_iter: int = 1
+    max_iter: int | None = None
+
+    def rung_of(self, iteration: int) -> int | None:
+        """The rung index ``r`` if ``iteration`` (reports made, from 1) is a rung, else ``None``."""
+        if self.max_iter is not None and iteration >= self.max_iter:
+            return None
+        r, at = 0, self.min_iter
+        while at < iteration:
+            r, at = r + 1, at * self.factor
+        return r if at == iteration else None
+
+    def rungs(self, upto: int) -> tuple[int, ...]:
+        """The rung iterations up to ``upto`` (included), in order."""
+        out, at = [], self.min_iter
+        while at <= upto and (self.max_iter is None or at < self.max_iter):
+            out.append(at)
+            at *= self.factor
+        return tuple(out)
+
+
 @dataclass(frozen=True, eq=False)
 class ChooseSpec:
     input: "Spec"
@@ -121,6 +159,7 @@ class ChooseSpec:
     k: int | None = None
     threshold: float | None = None
     per: str | None = None
+    prune: PruneSpec | None = None  # halving while the (iterative) input steps run
 
     @property
     def single(self) -> bool:
@@ -218,15 +257,19 @@ def max_branches(spec: Spec) -> int:
 BRANCH_LIMIT = 100_000
 
 
-def branch_limit() -> int | None:
-    """The branch cap in force: ``QUIVER_BRANCH_LIMIT`` if set, else :data:`BRANCH_LIMIT`.
+def branch_limit(environ: Any = None) -> int | None:
+    """The branch cap in force: ``QUIVER_BRANCH_LIMIT`` in ``environ`` (default ``os.environ``)
+    if set, else :data:`BRANCH_LIMIT`; ``None`` means no limit.
 
-    >>> branch_limit() == BRANCH_LIMIT or "QUIVER_BRANCH_LIMIT" in __import__("os").environ
+    >>> branch_limit({}) == BRANCH_LIMIT
     True
+    >>> branch_limit({"QUIVER_BRANCH_LIMIT": "2_500"}), branch_limit({"QUIVER_BRANCH_LIMIT": "none"})
+    (2500, None)
     """
     import os
 
-    raw = os.environ.get("QUIVER_BRANCH_LIMIT", "").strip().replace("_", "")
+    env = os.environ if environ is None else environ
+    raw = env.get("QUIVER_BRANCH_LIMIT", "").strip().replace("_", "")
     if not raw:
         return BRANCH_LIMIT
     if raw.lower() in ("0", "none", "off"):

@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
-
 from .compiler import Branch, CompiledPipeline, scalar_entries
 from .ranking import sort_key
 from .spec import fn_name
@@ -39,8 +37,10 @@ def build_table(
     rows: list[RowState],
     values: dict[str, Any],
     seconds: dict[str, float],
-) -> tuple[pd.DataFrame, list]:
+) -> tuple[Any, list]:
     """Return ``(table, kept values best first)``."""
+    import pandas as pd  # only here: the rows themselves are imported where pandas is not needed
+
     names = compiled.explore_names
     param_cols: dict[str, None] = {}
     for r in rows:

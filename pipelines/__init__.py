@@ -14,6 +14,15 @@ from graph.errors import PipelineError, RunError
 
 from .alternatives import grid
 from .builder import Node, Pipeline, combine
+from .pruning import halving
 from .result import Result
 
-__all__ = ["Pipeline", "Node", "grid", "combine", "Result", "PipelineError", "RunError"]
+__all__ = ["Pipeline", "Node", "grid", "combine", "halving", "Result", "PipelineError", "RunError", "from_sklearn"]
+
+
+def __getattr__(name: str):
+    if name == "from_sklearn":  # imports scikit-learn (and Dask): only when asked for
+        from .sklearn import from_sklearn
+
+        return from_sklearn
+    raise AttributeError(f"module 'pipelines' has no attribute {name!r}")

@@ -30,6 +30,7 @@ from graph.errors import PipelineError
 from graph.spec import (
     Call,
     ChooseSpec,
+    PruneSpec,
     CombineSpec,
     ExploreSpec,
     SourceSpec,
@@ -102,6 +103,34 @@ def _check_branch_limit(where: str, upstream: int, alternatives: int) -> None:
         )
 
 
+def _producers(spec: Spec) -> list[Call]:
+    """The step calls whose outputs are the branch values flowing out of ``spec``."""
+    if isinstance(spec, ChooseSpec):
+        return _producers(spec.input)
+    if isinstance(spec, ExploreSpec):
+        return [a.call for a in spec.alternatives]
+    return [spec.call]
+
+
+def _check_prune(where: str, spec: Spec, prune: Any) -> None:
+    """``prune=`` must be a ``halving(...)`` over iterative steps."""
+    from graph.iterative import is_iterative
+
+    if not isinstance(prune, PruneSpec):
+        raise PipelineError(
+            f"{where}: prune= takes the rule pipelines.halving(factor=3, min_iter=1, max_iter=None) "
+            f"returns, got {type(prune).__name__} {prune!r}. Write prune=pipelines.halving(...)."
+        )
+    plain = sorted({c.label for c in _producers(spec) if not is_iterative(c.fn)})
+    if plain:
+        raise PipelineError(
+            f"{where}: prune= stops branches while their steps run, so the steps feeding this choose "
+            f"must be iterative (a generator function that yields one report mapping per iteration, "
+            f"or gpu.train); {', '.join(plain)} {'is' if len(plain) == 1 else 'are'} not. Make "
+            "the step yield its reports (yield {'accuracy': acc}), or drop prune=."
+        )
+
+
 def _label(fn: Any) -> str:
     return fn_name(fn) if callable(fn) else repr(fn)
 
@@ -167,8 +196,9 @@ class Node:
         k: int | None = None,
         threshold: float | None = None,
         per: str | None = None,
+        prune: PruneSpec | None = None,
     ) -> "Node":
-        """Keep the best branches by ``metric`` (see DESIGN §2 for each mode).
+        """Keep the best branches by ``metric`` (see docs/architecture.md §2 for each mode).
 
         ``metric`` is a key of the step's mapping output, or a callable on it.
         Neither ``k`` nor ``threshold``: the single best.  ``k``: the top ``k``.
@@ -176,6 +206,9 @@ class Node:
         it, in completion order, cancelling the rest.  ``per="explore name"``:
         choose separately inside each alternative of that explore.  Ties go to the
         branch declared first; a NaN metric ranks last and never meets a threshold.
+        ``prune=pipelines.halving(...)``: while the input steps (iterative: generator
+        functions or ``gpu.train``) run, stop the losing ones at each rung, reading
+        ``metric`` off their reports (docs/architecture.md §7).
 
         >>> from pipelines import Pipeline, grid
         >>> def f(x, a): return {"score": x + a}
@@ -210,6 +243,8 @@ class Node:
                 f"{where}: per={per!r} is not an explore upstream of this choose; use one of "
                 f"{list(names)}."
             )
+        if prune is not None:
+            _check_prune(where, self.spec, prune)
         return Node(
             ChooseSpec(
                 self.spec,
@@ -219,6 +254,7 @@ class Node:
                 None if k is None else int(k),
                 None if threshold is None else float(threshold),
                 per,
+                prune,
             )
         )
 
@@ -235,7 +271,7 @@ class Node:
         """
         import dataclasses
 
-        from graph.sizes import parse_bytes
+        from graph.memory.sizes import parse_bytes
 
         where = f"{describe(self.spec)} -> size_hint({nbytes!r})"
         try:
@@ -270,7 +306,10 @@ class Node:
         ``memory_budget`` (total bytes for all workers, e.g. ``"2 GiB"``: the run follows
         a memory plan, see ``graph.plan_memory``; on an embedded cluster it also sets
         the workers' memory limits), ``sample_sizes`` (measure the first branch before
-        planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering).
+        planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering),
+        ``on_metric_error`` (``"stop"``, the default: when the first branches at a choose cannot
+        give their metric for the same reason, the run ends at once with a ``RunError``
+        naming it; ``"continue"``: run every branch anyway).
         """
         from .runner import run_node
 

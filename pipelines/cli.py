@@ -113,6 +113,16 @@ def _json_path(text: str) -> str:
     return text
 
 
+def _seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not n >= 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0: never stop), got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quiver",
@@ -144,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
     run.add_argument("--order", choices=("depth-first", "dask"), default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run every branch even when the first branches at a choose cannot give their metric for the "
+        "same reason (by default the run stops at once, naming the cause)",
+    )
     run.add_argument("--json", type=_json_path, metavar="PATH", help="also write the table and stats to PATH as JSON")
     run.add_argument(
         "--report",
@@ -158,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse explores with more than N branches (default 100000, or $QUIVER_BRANCH_LIMIT; 0: no limit)",
     )
     run.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop the run with an error naming the cause when it makes no progress for SECONDS while "
+        "workers are paused by memory, gone or not starting, or the scheduler does not answer "
+        "(default 60; 0: wait as long as Dask does)",
+    )
+    run.add_argument(
         "--store",
         type=_store_dir,
         metavar="DIR",
@@ -167,14 +191,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sorted_by_metric(table, compiled):
+    """``(table sorted best first by the last choose's metric, that metric, its mode)``;
+    unsorted (branch order) when the run has no choose.  Unreadable metrics and NaN go last,
+    ties keep branch order (as the choose breaks them)."""
+    chooses = getattr(compiled, "chooses", None) or []
+    if not chooses:
+        return table, None, None
+    metric, mode = chooses[-1].spec.metric_name, chooses[-1].spec.mode
+    if metric not in table.columns:
+        return table, None, None
+    import math
+    import numbers
+
+    from graph.ranking import sort_key
+
+    def key(i):
+        v = table.at[i, metric]
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+        return sort_key(float(v) if ok else math.nan, i, mode)
+
+    return table.loc[sorted(table.index, key=key)], metric, mode
+
+
 def _print_result(result, out) -> None:
     import pandas as pd
 
     table = result.table.drop(columns=["traceback"])
     if table["error"].isna().all():
         table = table.drop(columns=["error", "failed_step"])
+    table, metric, mode = sorted_by_metric(table, result.compiled)
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
         print(table.to_string(), file=out)
+    if metric is not None:
+        print(f"(sorted by {metric}, {'highest' if mode == 'max' else 'lowest'} first; 'branch' is the row's id)", file=out)
     s = result.stats
     print(
         f"\n{s['branches']} branches; tasks: {s['executed_tasks']} executed, {s['unique_tasks']} unique, "
@@ -182,7 +232,7 @@ def _print_result(result, out) -> None:
         file=out,
     )
     if "memory_budget_bytes" in s:
-        from graph.sizes import format_bytes
+        from graph.memory.sizes import format_bytes
 
         print(
             f"memory: budget {format_bytes(s['memory_budget_bytes'])}, predicted peak "
@@ -191,6 +241,8 @@ def _print_result(result, out) -> None:
             f"{s['recomputed_tasks']} task(s) recomputed",
             file=out,
         )
+        if s.get("memory_plan_note"):  # predicted and measured differ much: say so, and why
+            print(f"memory: {s['memory_plan_note']}", file=out)
     if "store" in s:
         print(f"store {s['store']}: {s['loaded_from_store']} results loaded, {s['saved_to_store']} saved", file=out)
     chosen = result.chosen
@@ -218,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         os.environ["QUIVER_BRANCH_LIMIT"] = str(args.branch_limit)
+    node = None
     try:
         node = load_node(args.file, args.node)
         result = node.run(
@@ -230,31 +283,48 @@ def main(argv: list[str] | None = None) -> int:
             sample_sizes=args.sample_sizes,
             order=args.order,
             store=args.store,
+            on_metric_error="continue" if args.keep_going else "stop",
+            stall_timeout=args.stall_timeout,
         )
-    except (CLIError, PipelineError, RunError) as exc:
-        print(f"quiver: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # e.g. the scheduler cannot be reached
-        print(f"quiver: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (CLIError, PipelineError, RunError, OSError) as exc:
+        message = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)  # e.g. no scheduler
+        print(f"quiver: error: {message}", file=sys.stderr)
+        _write_outputs(args, None, error=message, table=getattr(exc, "table", None),
+                       compiled=getattr(exc, "compiled", None))
         return 1
     _print_result(result, sys.stdout)
-    if args.json:
-        import json
+    return _write_outputs(args, result)
 
-        payload = {
-            "table": result.table.drop(columns=["traceback"]).to_dict(orient="records"),
-            "stats": result.stats,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
-    if args.report:
+
+def _write_outputs(args, result, *, error: str | None = None, table=None, compiled=None) -> int:
+    """``--json`` and ``--report``, for finished and failed runs alike (a failed run's table
+    holds every branch's error, when the run got that far)."""
+    from .export import payload, write_json
+
+    if result is not None:
+        table, compiled = result.table, result.compiled
+    stats = result.stats if result is not None else {}
+    status = 0 if error is None else 1
+    if args.json:
+        try:
+            write_json(args.json, payload(table, stats, compiled=compiled, error=error))
+        except OSError as exc:
+            print(f"quiver: error: cannot write {args.json}: {exc}", file=sys.stderr)
+            status = 1
+    if args.report and table is not None:
+        if result is None:
+            from .result import Result
+
+            result = Result(table=table, value=None, values=[], stats={"error": error}, compiled=compiled)
         try:
             written = result.plot(args.report)
         except (ImportError, OSError) as exc:  # e.g. matplotlib missing, or DIR not writable
             print(f"quiver: error: cannot write the report to {args.report}: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         print(f"report: {written['html']}", file=sys.stdout)
-    return 0
-
+        for note in written.get("notes", ()):
+            print(f"report: {note}", file=sys.stdout)
+    return status
 
 if __name__ == "__main__":
     sys.exit(main())

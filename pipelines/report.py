@@ -4,8 +4,11 @@
 
 * ``metrics.png``: the choose metric of every branch, one panel per explore, grouped by that
   explore's alternatives; the chosen branch(es) highlighted;
-* ``training.png``: the training curves of the chosen run(s), when their output has a
-  ``history`` (``gpu.train``): accuracy and loss of z, samples/s, replica spread;
+* ``training.png``: the training curves of the *kept* run(s) (only their outputs reach the
+  client), when their output has a ``history`` (``gpu.train`` returns one): accuracy and loss of
+  z, samples/s, replica spread.  When the run trained but no kept output has a ``history``,
+  no figure is drawn and the report says why (``notes``); every run's curves, kept or not,
+  are on the dashboard's training page while the scheduler lives;
 * ``memory.png``: measured memory over time against the memory plan, when the run recorded
   ``result.stats["memory_timeline"]``;
 * ``report.html``: all of the above inlined (base64), the statistics and the branch table,
@@ -168,7 +171,8 @@ def _training_figure(histories):
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("training of the chosen run(s)", fontsize=11)
+    fig.suptitle("training of the kept run(s) only: " + ", ".join(label for label, _ in histories)
+                 + " (every run: the dashboard's training page)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -224,16 +228,29 @@ def _memory_figure(result):
     for name, ys in series.items():
         ax.plot(times, [y / gib for y in ys], label=name, marker="o" if len(times) < 40 else None, markersize=3)
     plan = getattr(result, "memory_plan", None)
-    for attr, style, label in (("predicted_peak", "--", "planned peak"), ("budget", ":", "budget")):
+    for attr, style, label in (("predicted_peak", "--", "predicted peak"), ("budget", ":", "budget")):
         v = getattr(plan, attr, None) if plan is not None else None
         if isinstance(v, numbers.Real):
-            ax.axhline(v / gib, linestyle=style, color="black" if attr == "budget" else "C3", label=label)
+            ax.axhline(v / gib, linestyle=style, color="black" if attr == "budget" else "C3",
+                       label=f"{label} {v / gib:.0f} MiB")
+    peak = result.stats.get("peak_memory_bytes")
+    if isinstance(peak, numbers.Real) and peak:
+        ax.axhline(peak / gib, linestyle="-.", color="C0", alpha=0.6, label=f"measured peak {peak / gib:.0f} MiB")
+    note = result.stats.get("memory_plan_note")
+    if note:
+        fig.text(0.01, -0.02, "\n".join(_wrap(note, 150)), fontsize=7, va="top")
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("MiB (all workers)")
     ax.set_title("memory: plan vs measured" if plan is not None else "memory: measured", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
 
 
 def _fmt(v: Any) -> str:
@@ -244,7 +261,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _html(result, images: dict[str, bytes], metric: str | None, title: str) -> str:
+def _html(result, images: dict[str, bytes], metric: str | None, title: str, notes: list[str] = ()) -> str:
     table = result.table
     cols = [c for c in table.columns if c != "traceback"]
     if "error" in table and table["error"].isna().all():
@@ -272,6 +289,9 @@ def _html(result, images: dict[str, bytes], metric: str | None, title: str) -> s
         for k, v in result.stats.items()
         if isinstance(v, (numbers.Real, str)) and not isinstance(v, bool)
     )
+    error = result.stats.get("error") if isinstance(result.stats, Mapping) else None
+    failed_html = f'<p class="error"><b>The run failed:</b> {html.escape(str(error))}</p>' if error else ""
+    notes_html = "".join(f"<p class=\"note\">{html.escape(n)}</p>" for n in notes)
     figures = "".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}"/></figure>'
         for name, png in images.items()
@@ -283,14 +303,17 @@ body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1.5em; }}
 th, td {{ border: 1px solid #ddd; padding: 3px 6px; text-align: left; }}
 tr.chosen td {{ background: #fdd0a2; font-weight: bold; }}
+p.error {{ color: #a50f15; }}
 img {{ max-width: 100%; }}
 figure {{ margin: 0 0 1em; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>Written {time.strftime('%Y-%m-%d %H:%M:%S')}; {len(table)} branches.</p>
+{failed_html}
 <h2>Chosen</h2>
 {chosen_html}
 <h2>Figures</h2>
+{notes_html}
 {figures}
 <h2>Branches</h2>
 <table><thead><tr>{head}</tr></thead><tbody>
@@ -331,8 +354,15 @@ def write_report(result, path: str | Path, *, title: str | None = None) -> dict[
     if metric is not None and len(result.table):
         figures["metrics"] = _metrics_figure(result, metric)
     histories = _histories(result)
+    notes: list[str] = []
     if histories:
         figures["training"] = _training_figure(histories)
+    elif _trained(result):
+        notes.append(
+            "no training.png: the run trained, but no kept branch's output has a 'history' (the list "
+            "gpu.train returns); return gpu.train's result, or a mapping with its 'history', from the "
+            "final step to plot it"
+        )
     memory = _memory_figure(result)
     if memory is not None:
         figures["memory"] = memory
@@ -342,6 +372,17 @@ def write_report(result, path: str | Path, *, title: str | None = None) -> dict[
         target = folder / f"{prefix}{name}.png"
         target.write_bytes(png)
         written[name] = target
-    html_path.write_text(_html(result, images, metric, title), encoding="utf-8")
+    html_path.write_text(_html(result, images, metric, title, notes), encoding="utf-8")
     written["html"] = html_path
+    if notes:
+        written["notes"] = notes  # type: ignore[assignment]
     return written
+
+
+def _trained(result) -> bool:
+    """Whether a step of the run trains with ``gpu.train`` (its task key names it)."""
+    compiled = getattr(result, "compiled", None)
+    graph_ = getattr(compiled, "graph", None) or {}
+    return any(str(k).split("-", 1)[0] in ("train", "train_step") for k in graph_) or any(
+        getattr(getattr(t, "func", None), "__module__", "") == "gpu.training" for t in graph_.values()
+    )

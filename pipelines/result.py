@@ -28,7 +28,7 @@ class Result:
     values: list
     stats: dict = field(default_factory=dict)
     compiled: Any = field(default=None, repr=False)
-    #: the ``graph.memory_plan.MemoryPlan`` the run followed (runs with a ``memory_budget``)
+    #: the ``graph.memory.plan.MemoryPlan`` the run followed (runs with a ``memory_budget``)
     memory_plan: Any = field(default=None, repr=False)
 
     @property

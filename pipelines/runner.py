@@ -23,13 +23,29 @@ def run_node(
     sample_sizes: bool = False,
     order: str = "depth-first",
     disk_bandwidth: Any = None,
+    on_metric_error: str = "stop",
+    stall_timeout: float | None = None,
 ) -> Result:
     import graph
     from graph.cluster import connect
     from graph.executor import execute
+    from graph.tracebacks import restore_table
 
+    from graph.watchdog import DEFAULT_STALL_TIMEOUT
+
+    if stall_timeout is None:
+        stall_timeout = DEFAULT_STALL_TIMEOUT
+    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout < 0:
+        raise graph.PipelineError(
+            f"stall_timeout must be seconds (a number >= 0; 0 turns the watchdog off), not {stall_timeout!r}"
+        )
     if order not in ("depth-first", "dask"):
         raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
+    if on_metric_error not in ("stop", "continue"):
+        raise graph.PipelineError(
+            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
+            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
+        )
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
     if store is not None:  # a bad store path is refused before a cluster starts
         from graph.store import ResultStore
@@ -42,8 +58,8 @@ def run_node(
 
     check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
     if memory_budget is not None:  # a bad budget, or a step hinted too big, fails before a cluster starts
-        from graph.memory_plan import plan_memory
-        from graph.sizes import parse_bytes
+        from graph.memory.plan import plan_memory
+        from graph.memory.sizes import parse_bytes
 
         try:
             parse_bytes(memory_budget)
@@ -63,17 +79,25 @@ def run_node(
         memory_limit=memory_limit,
         quiet=quiet,
     ) as c:
-        record = execute(
-            compiled,
-            c,
-            progress=progress,
-            raise_if_all_failed=raise_if_all_failed,
-            store=store,
-            memory_budget=memory_budget,
-            sample_sizes=sample_sizes,
-            order=order,
-            disk_bandwidth=disk_bandwidth,
-        )
+        try:
+            record = execute(
+                compiled,
+                c,
+                progress=progress,
+                raise_if_all_failed=raise_if_all_failed,
+                store=store,
+                memory_budget=memory_budget,
+                sample_sizes=sample_sizes,
+                order=order,
+                disk_bandwidth=disk_bandwidth,
+                stall_timeout=stall_timeout,
+                on_metric_error=on_metric_error,
+            )
+        except graph.RunError as exc:
+            exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+            restore_table(exc.table, compiled)
+            raise
+    restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None
     else:

@@ -14,8 +14,116 @@ import numpy as np
 import pytest
 import torch
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu.allreduce import Collective, CollectiveError, measure_bandwidth
 from gpu.gang import GangError, run_gang
+from gpu.schedules import (
+    Transfer,
+    broadcast,
+    rank_plan,
+    ring_allreduce,
+    simulate,
+    tree_allreduce,
+    tree_reduce,
+)
+
+# ------------------------------------------------------------------ pure schedules, in memory
+
+
+def test_ring_of_three_literal_sums():
+    ranks = [np.array([1.0, 2.0, 3.0, 4.0]), np.array([10.0, 20.0, 30.0, 40.0]),
+             np.array([100.0, 200.0, 300.0, 400.0])]
+    for got in simulate(ring_allreduce(4, 3), ranks):
+        assert got.tolist() == [111.0, 222.0, 333.0, 444.0]
+    assert ranks[0].tolist() == [1.0, 2.0, 3.0, 4.0]  # inputs untouched
+
+
+def test_ring_of_two_literal_schedule():
+    # 5 elements, 2 ranks: chunks [0, 3) and [3, 5); rank 1 ends the reduce-scatter owning
+    # chunk 0, rank 0 chunk 1; the all-gather swaps them
+    assert ring_allreduce(5, 2) == (
+        (Transfer(0, 1, 0, 3, "add"), Transfer(1, 0, 3, 5, "add")),
+        (Transfer(0, 1, 3, 5, "set"), Transfer(1, 0, 0, 3, "set")),
+    )
+
+
+def test_tree_of_five_literal_schedule_and_sums():
+    assert tree_reduce(1, 5) == (
+        (Transfer(1, 0, 0, 1, "add"), Transfer(3, 2, 0, 1, "add")),
+        (Transfer(2, 0, 0, 1, "add"),),
+        (Transfer(4, 0, 0, 1, "add"),),
+    )
+    got = simulate(tree_allreduce(2, 5), [np.array([r, 10 * r]) for r in range(5)])
+    assert [g.tolist() for g in got] == [[10, 100]] * 5
+
+
+def test_broadcast_from_root_two_of_five():
+    got = simulate(broadcast(3, 5, root=2), [np.full(3, r) for r in range(5)])
+    assert [g.tolist() for g in got] == [[2, 2, 2]] * 5
+
+
+def test_schedules_reject_bad_sizes():
+    with pytest.raises(ValueError, match="ranks"):
+        ring_allreduce(3, 0)
+    with pytest.raises(ValueError, match="elements"):
+        tree_allreduce(-1, 2)
+    with pytest.raises(ValueError, match="root"):
+        broadcast(3, 2, root=2)
+
+
+def _check_schedule_shape(schedule, n, p):
+    """At most one receive per rank per round; no rank sends what it receives in that round;
+    every transfer within [0, n) between two distinct ranks."""
+    for rnd in schedule:
+        dsts = [t.dst for t in rnd]
+        assert len(dsts) == len(set(dsts))
+        for t in rnd:
+            assert 0 <= t.src < p and 0 <= t.dst < p and t.src != t.dst
+            assert 0 <= t.start <= t.stop <= n and t.op in ("add", "set")
+            for u in rnd:  # a concurrent send and receive on one rank touch disjoint elements
+                if u.src == t.dst:
+                    assert u.stop <= t.start or t.stop <= u.start or u.start == u.stop or t.start == t.stop
+        for r in range(p):
+            rank_plan(schedule, r)  # raises on two receives
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=st.integers(1, 9), n=st.integers(0, 40), algorithm=st.sampled_from(["ring", "tree"]),
+       seed=st.integers(0, 2**16))
+def test_allreduce_schedules_sum_exactly_and_agree_bitwise(p, n, algorithm, seed):
+    schedule = ring_allreduce(n, p) if algorithm == "ring" else tree_allreduce(n, p)
+    _check_schedule_shape(schedule, n, p)
+    rng = np.random.default_rng(seed)
+    ints = [rng.integers(-1000, 1000, size=n).astype(np.float64) for _ in range(p)]
+    for got in simulate(schedule, ints):  # integers: the sum is exact whatever the order
+        np.testing.assert_array_equal(got, sum(ints) if p > 1 else ints[0])
+    floats = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    got = simulate(schedule, floats)
+    np.testing.assert_allclose(got[0], np.sum(floats, axis=0), rtol=1e-5, atol=1e-5)
+    for other in got[1:]:  # bit-identical on every rank: SMA applies one Δ everywhere
+        np.testing.assert_array_equal(other, got[0])
+    rounds = len(schedule)
+    if p > 1:
+        assert rounds == (2 * (p - 1) if algorithm == "ring" else 2 * (p - 1).bit_length())
+        if algorithm == "ring":  # bandwidth-optimal: each rank sends 2(p-1) chunks of ceil(n/p) at most
+            for r in range(p):
+                sent = [t.stop - t.start for rnd in schedule for t in rnd if t.src == r]
+                assert len(sent) == 2 * (p - 1) and max(sent) <= -(-n // p)
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.integers(1, 9), n=st.integers(0, 10), data=st.data())
+def test_broadcast_schedule_copies_the_root_everywhere(p, n, data):
+    root = data.draw(st.integers(0, p - 1))
+    schedule = broadcast(n, p, root)
+    _check_schedule_shape(schedule, n, p)
+    got = simulate(schedule, [np.full(n, r) for r in range(p)])
+    assert all(g.tolist() == [root] * n for g in got)
+    # every rank but the root receives exactly once
+    assert sorted(t.dst for rnd in schedule for t in rnd) == [r for r in range(p) if r != root]
+
 
 # numbers of elements: a tiny one, fewer than ranks, non-divisible by 2 and 3, > one segment
 SIZES = [1, 2, 7, 1000, 4099, (1 << 18) + 3]

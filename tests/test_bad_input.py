@@ -276,7 +276,8 @@ def test_outputs_a_choose_cannot_read_fail_their_branch_only(client, src):
         "five": {"x": 5},
     }
     node = src.explore("out", **{name: _returning(value) for name, value in outputs.items()}).choose("x", k=3)
-    t = node.run(client, progress=False, quiet=True).table.set_index("out")
+    # "continue": several branches fail alike here on purpose (the default would stop the run)
+    t = node.run(client, progress=False, quiet=True, on_metric_error="continue").table.set_index("out")
     errors = {
         "list": "must be a mapping.*returned list",
         "none": "must be a mapping.*returned NoneType",
@@ -310,8 +311,41 @@ def test_nan_never_meets_a_threshold_and_all_nan_keeps_nothing(client, src):
 def test_every_branch_failing_in_the_metric_raises_with_the_table(client, src):
     node = src.explore("a", grid(steps.add, n=[1, 2])).choose("nope")
     with pytest.raises(RunError, match=r"every branch failed \(2 of 2\).*has no key 'nope'") as info:
-        node.run(client, progress=False, quiet=True)
+        node.run(client, progress=False, quiet=True, on_metric_error="continue")
     assert (info.value.table["status"] == "failed").all()
+
+
+def test_the_same_metric_mistake_stops_the_run_at_once_naming_cause_and_fix(client, src):
+    """Issue 13: the first two branches at a choose failing alike end the run with one line,
+    instead of computing every branch (the others are cancelled)."""
+    node = src.explore("a", grid(steps.sleep_then, seconds=[0.0, 0.01] + [5.0 + i / 10 for i in range(6)])).choose("nope")
+    with pytest.raises(RunError) as info:
+        node.run(client, progress=False, quiet=True)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "the first 2 branches that reached choose('nope') failed for the same reason" in message
+    assert "has no key 'nope'" in message and "on_metric_error='continue'" in message and "--keep-going" in message
+    t = info.value.table
+    assert (t["status"] == "failed").sum() == 2 and (t["status"] == "cancelled").sum() == 6
+
+
+def test_on_metric_error_is_checked_before_a_cluster_starts(src):
+    with pytest.raises(PipelineError, match="on_metric_error must be 'stop'.*or 'continue'.*not 'ignore'"):
+        src.explore("a", grid(steps.add, n=[1, 2])).choose("x").run(on_metric_error="ignore")
+
+
+def test_cli_stops_on_the_same_metric_mistake_unless_keep_going(client, tmp_path, capsys):
+    f = tmp_path / "nope.py"
+    f.write_text(
+        "from pipelines import Pipeline, grid\n"
+        "from tests import steps\n"
+        "output = Pipeline('p').source(steps.source).explore('a', grid(steps.add, n=[1, 2, 3])).choose('nope')\n"
+    )
+    address = client.scheduler.address
+    code, err = cli(["run", str(f), "--scheduler", address, "--no-progress"], capsys)
+    assert code == 1 and "failed for the same reason" in err and "--keep-going" in err
+    code, err = cli(["run", str(f), "--scheduler", address, "--no-progress", "--keep-going"], capsys)
+    assert code == 1 and "every branch failed (3 of 3)" in err
 
 
 # ---- the command line ----------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ def quiver(*args, cwd=ROOT, timeout=200):
 def test_help_documents_every_option():
     out = quiver("run", "--help")
     assert out.returncode == 0
-    for flag in ["--scheduler", "--workers", "--threads-per-worker", "--memory-limit", "--no-progress", "--node", "--json"]:
+    for flag in ["--scheduler", "--workers", "--threads-per-worker", "--memory-limit", "--no-progress", "--node", "--json",
+                 "--stall-timeout"]:
         assert flag in out.stdout
     top = quiver("--help")
     assert top.returncode == 0 and "run" in top.stdout
@@ -84,6 +85,8 @@ def test_bad_arguments_exit_2():
     assert out.returncode == 2 and "not a whole number" in out.stderr
     out = quiver("run", str(EXAMPLE), "--memory-limit", "lots")
     assert out.returncode == 2 and "not a size" in out.stderr
+    out = quiver("run", str(EXAMPLE), "--stall-timeout", "-5")
+    assert out.returncode == 2 and "must be a number of seconds >= 0" in out.stderr
 
 
 def test_node_option_and_every_branch_failing(tmp_path):

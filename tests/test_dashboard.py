@@ -146,7 +146,7 @@ def test_training_curves_are_published(client, capsys):
 
 
 def test_topic_names_agree():
-    from graph.events import TRAINING_TOPIC
+    from graph.dashboard.protocol import TRAINING_TOPIC
     from gpu.training import TRAINING_TOPIC as GPU_TOPIC
 
     assert TRAINING_TOPIC == GPU_TOPIC
@@ -212,7 +212,7 @@ class FakeClient:
 
 def test_big_explorations_publish_a_summary_only(monkeypatch):
     import graph
-    import graph.events as events
+    import graph.dashboard.protocol as events
 
     node = sleepy_exploration(name="big", seconds=(0.1, 0.2))
     compiled = graph.compile(node)
@@ -237,7 +237,7 @@ def test_big_explorations_publish_a_summary_only(monkeypatch):
 def test_terminal_training_line_only_when_progress_is_shown():
     import io
 
-    from graph.events import TRAINING_TOPIC, TrainingWatch
+    from graph.dashboard.protocol import TRAINING_TOPIC, TrainingWatch
     from graph.progress import Progress
 
     quiet, fake = Progress(enabled=None, stream=io.StringIO()), FakeClient()  # not a terminal: quiet
@@ -256,7 +256,7 @@ def test_terminal_training_line_only_when_progress_is_shown():
 
 
 def test_table_escapes_names_and_keeps_fixed_columns_apart():
-    from graph.dashboard_pages import ExplorationPage
+    from graph.dashboard.pages import ExplorationPage
 
     page = ExplorationPage(scheduler=None)
     evil = "<img src=x onerror=alert(1)>"
@@ -278,7 +278,7 @@ def test_table_escapes_names_and_keeps_fixed_columns_apart():
 
 def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run():
     from graph.dashboard import QuiverDashboard
-    from graph.events import EXPLORATION_TOPIC, TRAINING_TOPIC
+    from graph.dashboard.protocol import EXPLORATION_TOPIC, TRAINING_TOPIC
 
     plugin = QuiverDashboard(max_runs=3)
     branches = [{"id": i, "key": f"k{i}", "choices": [], "lineage": ["load", f"train-{i}"]} for i in range(50)]
@@ -290,3 +290,57 @@ def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run()
     view = plugin.training_view(plugin.training["train-0"])
     assert view["run"] == "r5" and view["branches"] == [0]
     assert [e["accuracy"] for e in view["epochs"]] == [0.5]  # the rerun's curve only
+
+
+def test_live_updates_cost_a_bounded_share_of_the_run_and_send_only_changes():
+    """Sending an update costs client time; after a send that took t seconds the publisher
+    waits t / share before the next, and it sends only the branches that changed since (rows
+    come from the state machine's ``changes()``). A fake clock: no timing in the test."""
+    from types import SimpleNamespace
+
+    import graph.dashboard.protocol as events
+
+    now = [100.0]
+    sent = []
+    compiled = SimpleNamespace(branches=[object(), object()])
+    pub = events.ExplorationPublisher(FakeClient(), "r", compiled, interval=0.5, share=0.05, clock=lambda: now[0],
+                                      naive_tasks=2, unique_tasks=2)
+
+    def send(msg):  # one send "takes" 1 s of the fake clock
+        sent.append(msg)
+        now[0] += 1.0
+
+    pub._send = send
+    pub.update([(0, "running", {}, None), (1, "waiting", {}, None)], tasks_done=1)
+    assert [[b["id"] for b in m["branches"]] for m in sent] == [[0, 1]]
+    now[0] += 10.0  # 11 s after a 1 s send: below 1 / 0.05 = 20 s, not sent again
+    pub.update([(1, "running", {}, None)], tasks_done=2)
+    assert len(sent) == 1 and not pub.due()
+    now[0] += 10.0
+    pub.update([], tasks_done=3)
+    assert len(sent) == 2 and sent[-1]["branches"] == [{"id": 1, "status": "running", "metrics": {}, "error": None}]
+    assert sent[-1]["tasks_done"] == 3
+    assert "tasks_submitted" not in sent[-1]  # nothing reads it: not sent
+    pub.update([], force=True)  # nothing queued: a forced update sends nothing
+    assert len(sent) == 2
+
+
+def test_a_runs_record_shares_what_its_branches_have_in_common():
+    """Events arrive deserialized (one string object per occurrence); the plugin keeps one object
+    per distinct key, choice and label, so a 4,000-branch run does not hold 4,000 copies of each."""
+    import pickle
+
+    from graph.dashboard import QuiverDashboard
+    from graph.dashboard.protocol import EXPLORATION_TOPIC
+
+    msg = {"kind": "start", "run": "r", "branches": [
+        {"id": i, "key": f"fit-{i}", "choices": [["scaler", "standard", {}], ["model", "svc", {"C": i}]],
+         "lineage": ["load-0", "standard-0", f"fit-{i}"], "gates": []} for i in range(3)]}
+    plugin = QuiverDashboard()
+    plugin.log_event(EXPLORATION_TOPIC, pickle.loads(pickle.dumps(msg)))
+    a, b = plugin.runs["r"]["branches"][:2]
+    assert a["lineage"][0] is b["lineage"][0] and a["lineage"][1] is b["lineage"][1]
+    assert a["choices"]["scaler"] is b["choices"]["scaler"] == "standard"
+    assert a["choices"]["model"] == "svc(C=0)" and b["params"] == {"model.C": 1}
+    assert plugin.branches_of("standard-0") == [("r", 0), ("r", 1), ("r", 2)]
+    assert plugin.branches_of("fit-2") == [("r", 2)]

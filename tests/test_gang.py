@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from gpu.gang import GangContext, GangError, run_gang
+from gpu.gang import GangContext, GangError, run_gang, run_gang_timed
 
 
 def worker_addresses(client) -> list[str]:
@@ -130,6 +130,19 @@ def test_admission_timeout_when_a_worker_stays_busy(client):
     assert busy.result(timeout=30) == "done"
     # the cluster is fine afterwards: the aborted gang left nothing behind
     assert [r[4] for r in run_gang(client, whoami, workers, "y")] == [3.0, 3.0]
+
+
+def test_timings_tell_waiting_for_a_busy_worker_from_admission(client):
+    workers = worker_addresses(client)
+    busy = client.submit(blocker, 1.5, workers=[workers[1]], pure=False)
+    while not client.processing()[workers[1]]:  # the blocker runs: rank 1 cannot start yet
+        time.sleep(0.01)
+    results, t = run_gang_timed(client, whoami, workers, "t")
+    assert [r[4] for r in results] == [3.0, 3.0] and busy.result() == "done"
+    assert set(t) == {"lock_s", "wait_s", "admission_s", "run_s"}
+    # rank 1 started only once the blocker ended: that wait is queueing, and is part of admission
+    assert 0 < t["wait_s"] <= t["admission_s"] - t["lock_s"]
+    assert t["run_s"] > 0
 
 
 def failing_member(ctx):

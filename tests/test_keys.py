@@ -56,3 +56,17 @@ def test_keys_do_not_depend_on_the_string_hash_seed():
         for seed in (1, 2, 3)
     }
     assert len(keys) == 1
+
+
+def test_graph_keys_owns_the_key_format_both_ways():
+    from graph.keys import original_key, recompute_key, step_name
+
+    def fit_model(x, c):
+        return x
+
+    key = step_key(fit_model, {"c": 1}, ("in",))
+    assert step_name(key) == "fit_model"
+    copy = recompute_key(key, 3)
+    assert copy != key and original_key(copy) == key and step_name(copy) == "fit_model"
+    assert original_key(key) == key and original_key(("tuple", "key")) == ("tuple", "key")
+    assert step_name(metric_key("accuracy", key)) == "metric"

@@ -46,3 +46,93 @@ def test_builder_import_does_not_import_dask():
     code = "import sys, pipelines, graph; print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """Project modules ``path`` imports, at the top or inside functions (lazy imports count)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # ``from pkg import mod`` imports the module; ``from pkg import name`` the package
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        for t in targets:
+            if t in modules and t != name:
+                found.add(t)
+    return found
+
+
+def import_cycles() -> list[list[str]]:
+    paths = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    modules = {_module_name(p) for p in paths}
+    edges = {_module_name(p): module_imports(p, modules) for p in paths}
+    cycles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def strongconnect(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strongconnect(v)
+    return cycles
+
+
+def test_no_import_cycles_between_modules_lazy_imports_included():
+    assert import_cycles() == [], "modules that import each other (at the top or inside functions)"
+
+
+def test_the_cycle_detector_sees_a_lazy_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "graph"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def x():\n    from .a import y\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ["graph"])
+    assert import_cycles() == [["graph.a", "graph.b"]]
+
+
+def test_modules_workers_import_do_not_load_pandas():
+    """Workers import graph.memory.budget/spill (client.run functions, the spill buffer): an idle
+    worker's memory is the budget's baseline, so these must not pull in pandas (the table)."""
+    code = (
+        "import sys, graph.memory.budget, graph.memory.spill, graph.memory.plan, graph.state.order; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

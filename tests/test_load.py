@@ -21,7 +21,7 @@ from tests import steps
 ROOT = Path(__file__).resolve().parents[1]
 A, B = 50, 40  # 2,000 branches
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(330)
 
 
 def wide():
@@ -63,14 +63,28 @@ def test_2000_branches_run_every_unique_task_once(client):
 
 
 def test_load_benchmark_quick(tmp_path):
+    """The smoke mode runs both methods on the same tasks and its verdicts follow from its numbers."""
     out = tmp_path / "load.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--quick", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=200,
+        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--quick", "--sizes", "480", "1000", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert [r["branches"] for r in rows] == [480, 2000]
-    assert all(r["quiver_wall_s"] > 0 and r["dask_wall_s"] > 0 for r in rows)
-    assert "ms/task" in proc.stdout
+    assert [r["branches"] for r in rows] == [480, 1000]
+    for r in rows:
+        a = r["branches"] // 40
+        # plain Dask ran exactly the tasks Quiver ran before its choose; Quiver adds the 3 kept finals
+        assert r["dask_tasks"] == 1 + a + 2 * r["branches"]  # source, "a" steps, "b" steps, metrics
+        assert r["quiver_tasks"] == r["dask_tasks"] + 3
+        for method in ("quiver", "dask"):
+            (run,) = r["raw"][method]
+            assert run["wall_s"] > 0 and run["cpu_s"] == pytest.approx(sum(run["cpu_split_s"].values()))
+            assert run["cpu_split_s"]["workers"] > 0 and run["cpu_split_s"]["scheduler"] > 0
+            assert r["raw"]["memory"][method]["scheduler_peak_growth_bytes"] > 0
+        assert r["wall_ratio"] == pytest.approx(r["quiver_ms_per_task"] / r["dask_ms_per_task"])
+    for name, t in data["targets"].items():
+        limit = 1.5 if name == "scheduler_memory_per_branch" else 1.1
+        assert t["met"] == (t["worst"] <= limit)
+        assert f"target {name}:" in proc.stdout and ("-> met" if t["met"] else "-> NOT met") in proc.stdout

@@ -13,7 +13,7 @@ import pytest
 
 from graph import RunError
 from graph.cluster import connect
-from graph.spill import MemoryPlanPlugin, PlannedSpillBuffer
+from graph.memory.spill import MemoryPlanPlugin, PlannedSpillBuffer
 from pipelines import Pipeline
 from tests.big_steps import exploration
 

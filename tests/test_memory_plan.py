@@ -9,8 +9,9 @@ import pytest
 
 import graph
 from graph import PipelineError
-from graph.memory_plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
-from graph.sizes import SizeEstimates, parse_bytes
+from graph.keys import step_name
+from graph.memory.plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
+from graph.memory.sizes import SizeEstimates, parse_bytes
 from pipelines import Pipeline, grid
 
 MB = 10**6
@@ -38,19 +39,45 @@ def budget_for(data_bytes: int) -> int:
 
 
 def sizes_by_step(c, **by_step):
-    return {k: by_step.get(k.rsplit("-", 1)[0], 1) for k in c.graph}
+    return {k: by_step.get(step_name(k), 1) for k in c.graph}
 
 
 def replay(c, p):
-    """Walk the plan's order and check its claims: each input is in memory, on disk (if
-    spilled) or recomputable when read; held bytes never exceed the budget."""
+    """Walk the plan's order and check its claims against its own decisions.
+
+    Order: every task after its inputs.  Residency: a ``keep`` result is never evicted, so
+    it is in memory from its creation to its last use: at every position the kept results
+    alive then fit in the predicted peak, which fits in a worker's share.  Disk: a
+    ``spill`` result read again after its eviction is read back from disk (so the plan's
+    written and read-back bytes cover those results); a ``recompute`` one is recomputed
+    (so the plan counts that many recomputations)."""
     order = p.order
+    end = len(order)
     pos = {k: i for i, k in enumerate(order)}
     for t, k in enumerate(order):
         task = c.graph.get(k) or c.metric_graph[k]
         for d in task.dependencies:
             assert pos[d] < t, "a task is planned before its input"
-    assert p.predicted_data_peak <= p.data_budget
+    alive = [0] * (end + 1)
+    read_again = {SPILL: 0, RECOMPUTE: 0}
+    written = 0
+    for k, d in p.decisions.items():
+        if d.action == KEEP:
+            assert d.evicted_at is None, f"{k} is planned kept but evicted at {d.evicted_at}"
+            for t in range(pos[k], max(d.uses, default=pos[k]) + 1):
+                alive[t] += d.nbytes
+            continue
+        assert d.evicted_at is not None and d.evicted_at >= pos[k], f"{k} is {d.action} but never evicted"
+        later = [u for u in d.uses if d.evicted_at < u < end]
+        if d.action == SPILL:
+            written += d.nbytes
+            read_again[SPILL] += d.nbytes if later else 0
+        else:
+            read_again[RECOMPUTE] += 1 if later else 0
+    assert max(alive) <= p.predicted_data_peak <= p.worker_data_budget
+    assert p.spill_bytes >= written  # each spilled result is written at least once
+    assert p.read_bytes >= read_again[SPILL]
+    assert p.recomputed >= read_again[RECOMPUTE]
 
 
 def test_shared_big_intermediate_stays_in_memory_while_branches_read_it():
@@ -97,7 +124,7 @@ def test_held_results_are_spilled_when_recomputing_costs_more_and_dropped_when_i
     def actions(seconds):
         p = plan_memory(c, budget_for(100 * MB), workers=1, baseline=0, sizes=sizes, seconds=seconds,
                         disk_bandwidth=100 * MB)
-        assert p.predicted_data_peak <= p.data_budget
+        assert p.predicted_data_peak <= p.worker_data_budget
         replay(c, p)
         by_step: dict[str, list[str]] = {}
         for d in p.decisions.values():
@@ -217,7 +244,7 @@ def test_order_is_depth_first_and_stages_follow_chooses():
     c = graph.compile(node)
     sched = execution_order(c)
     order = sched.order
-    steps = [k.rsplit("-", 1)[0] for k in order]
+    steps = [step_name(k) for k in order]
     # the first branch's metric arrives before the second "a" alternative starts
     first_metric = next(i for i, k in enumerate(order) if k in c.metric_graph)
     second_a = [i for i, s in enumerate(steps) if s == "step"][1]
@@ -225,6 +252,28 @@ def test_order_is_depth_first_and_stages_follow_chooses():
     # post-choose work comes after every metric
     last_metric = max(i for i, k in enumerate(order) if k in c.metric_graph)
     assert all(i > last_metric for i, s in enumerate(steps) if s == "finish")
+
+
+def test_deep_chain_plans_without_recursion_error():
+    # 3000 steps in a chain, then alternatives too big to hold together behind a choose: evicting
+    # one prices recomputing it through the whole chain, and recomputing the kept one replays it
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)  # building and compiling such a chain recurses (graph/spec.py); planning must not
+    try:
+        node = Pipeline("chain").source(load)
+        for i in range(3000):
+            node = node.then(step, a=i)
+        node = node.explore("m", grid(score, a=[0, 1, 2, 3])).choose("score", k=1).then(finish)
+        c = graph.compile(node)
+    finally:
+        sys.setrecursionlimit(limit)
+    sizes = sizes_by_step(c, load=MB, step=MB, score=40 * MB, finish=1)
+    p = plan_memory(c, budget_for(70 * MB), workers=1, baseline=0, sizes=sizes, seconds={k: 0.0 for k in c.graph},
+                    disk_bandwidth=1e15)
+    assert p.count(RECOMPUTE) >= 1
+    replay(c, p)
 
 
 @pytest.mark.parametrize("text,expected", [("2 GiB", 2 * 2**30), ("500MB", 500 * MB), (1234, 1234)])
@@ -239,7 +288,7 @@ def test_parse_bytes_rejects_nonsense(bad):
 
 
 def test_planned_spill_buffer_evicts_by_plan_on_real_disk(tmp_path):
-    from graph.spill import NextUses, PlannedSpillBuffer
+    from graph.memory.spill import NextUses, PlannedSpillBuffer
 
     buf = PlannedSpillBuffer(str(tmp_path), target=3000)
     buf.fast.plan = NextUses({"soon": (5,), "mid": (20,), "late": (50,), "new": (30,), "more": (10,)})

@@ -115,6 +115,25 @@ def test_training_curves_and_memory_timeline_are_drawn_when_present(tmp_path):
     assert "Chosen branch #1: train=train(lr=0.1) (accuracy = 0.95)" in " ".join(page.text)
 
 
+def test_a_training_run_without_history_says_why_there_is_no_training_figure(tmp_path):
+    from types import SimpleNamespace
+
+    table = pd.DataFrame(
+        {"train": ["train", "train"], "train.lr": [0.05, 0.1], "accuracy": [0.9, 0.95], "status": ["ok", "ok"],
+         "seconds": [1.0, 1.0], "chosen": [False, True], "error": [None, None]}
+    )
+    trained = SimpleNamespace(graph={"train-1a2b": None, "load-3c4d": None}, chooses=[], explore_names=["train"])
+    result = Result(table=table, value={"accuracy": 0.95}, values=[{"accuracy": 0.95}], stats={}, compiled=trained)
+    written = result.plot(tmp_path)
+    assert "training" not in written
+    assert any("no training.png" in n and "'history'" in n for n in written["notes"])
+    assert "no training.png" in written["html"].read_text()
+    # a run that did not train draws no training figure and says nothing about it
+    untrained = SimpleNamespace(graph={"load-3c4d": None}, chooses=[], explore_names=["train"])
+    plain = Result(table=table, value={"accuracy": 0.95}, values=[{"accuracy": 0.95}], stats={}, compiled=untrained)
+    assert "notes" not in plain.plot(tmp_path / "plain")
+
+
 def test_memory_timeline_is_optional_and_tolerant():
     from pipelines.report import memory_series
 

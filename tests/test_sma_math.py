@@ -1,4 +1,4 @@
-"""The SMA maths in gpu.sma against a plain, per-replica transcription of DESIGN.md §5."""
+"""The SMA maths in gpu.sma against a plain, per-replica transcription of docs/architecture.md §5."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 
 # --- an independent transcription: numpy, one replica at a time ----------------------------
 def transcribe(W0, z0, grad, cfg: SMAConfig, steps: int, drops=()):
-    """Run DESIGN.md §5 literally. ``grad(j, t, w)`` is ∇loss of replica j at step t."""
+    """Run docs/architecture.md §5 literally. ``grad(j, t, w)`` is ∇loss of replica j at step t."""
     eta, lam, mu, muc, alpha, tau = (
         cfg.lr, cfg.weight_decay, cfg.momentum, cfg.central_momentum, cfg.alpha, cfg.sync_every,
     )

@@ -1,4 +1,4 @@
-"""The opt-in result store (graph/store.py): resumable explorations keyed by deterministic task keys,
+"""The opt-in result store (graph/store.py, applied by graph/transform.py): resumable explorations keyed by deterministic task keys,
 and steps marked not_rerunnable failing their branch instead of running twice after a worker loss."""
 
 from __future__ import annotations
@@ -116,10 +116,11 @@ def test_editing_a_step_invalidates_it_and_everything_downstream(client, log_dir
 
 
 def test_unpicklable_values_are_used_but_not_stored(tmp_path):
-    from graph.store import StoreWarning, _SaveResult
+    from graph.store import StoreWarning
+    from graph.transform import SaveResult
 
     store = ResultStore(tmp_path / "store")
-    wrapped = _SaveResult(steps.with_lock, store.file("with_lock-1"), "with_lock-1")
+    wrapped = SaveResult(steps.with_lock, store.file("with_lock-1"), "with_lock-1")
     with pytest.warns(StoreWarning, match="not saving 'with_lock-1'.*cannot be pickled"):
         value = wrapped({"path": "p", "x": 1})
     assert value["x"] == 1 and "with_lock-1" not in store and len(store) == 0

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import gpu
-from gpu.engine import TrainConfig
+from gpu.algorithms import ALGORITHMS, SMA, SSGD
+from gpu.engine import Solo, TrainConfig, run_member
 from gpu.gang import run_gang
-from gpu.training import _member
+from gpu.training import _train_member
 from pipelines import Pipeline, grid
 
 pytestmark = pytest.mark.timeout(240)
@@ -27,9 +28,92 @@ def digits():
     return gpu.load_digits_tensors(seed=0)
 
 
+# ------------------------------------------------------------------ the engine, in this process
+
+
+class Mirror:
+    """Rank 0 of 2 whose peer is its mirror image: the all-reduce doubles, and (when given) the
+    network measures ``bandwidth`` bytes/s with no latency. Records every all-reduce's size."""
+
+    rank, size = 0, 2
+
+    def __init__(self, bandwidth=None):
+        self.sizes = []
+        if bandwidth is not None:
+            self.bandwidth = lambda nbytes: (bandwidth, 0.0)
+
+    def allreduce(self, t):
+        self.sizes.append(t.numel())
+        return t * 2
+
+    def checkpoint(self, state):
+        self.last = state
+
+
+def test_auto_partitions_without_tuning_decide_from_measured_compute(digits):
+    """Fails before the algorithm objects: with replicas given, partitions='auto' read a timer
+    that no step had filled yet (compute 1e-6 s), and split the sync into ~1000 slices."""
+    n = sum(p.numel() for p in MLP().parameters())
+    ctx = Mirror(bandwidth=1e7)  # a whole exchange (~10 KB) costs ~1 ms
+    out = run_member(ctx, digits, MLP, TrainConfig(epochs=1, replicas=2, partitions="auto"))
+    # one step of 2 x 16 samples computes for well over 20 us, so at most ~50 slices fit the rule
+    assert 1 <= out["partitions"] <= 50, out["partitions"]
+    assert out["partitions"] < n
+    assert out["timings"]["partitions_s"] > 0
+
+
+def test_tuning_measures_the_sync_that_training_uses(digits):
+    """Fails before: the tuner's steps exchanged whole corrections while training sent 1/3 slices."""
+    n = sum(p.numel() for p in MLP().parameters())
+    ctx = Mirror()
+    out = run_member(ctx, digits, MLP, TrainConfig(epochs=2, replicas="auto", max_replicas=2, partitions=3))
+    assert out["replicas_source"] == "tuned" and out["partitions"] == 3
+    slices = {-(-n // 3), n // 3}
+    # whole vectors only at the end of each epoch (what the slices held back); the tuner's
+    # throughput reports are 2-element all-reduces
+    assert ctx.sizes.count(n) == 2
+    assert set(ctx.sizes) <= slices | {n, 2}
+
+
+def test_tuned_run_trains_the_model_a_given_count_trains(digits):
+    """Fails before: the tuner's steps trained the returned model, so 'auto' gave results that
+    no run with a fixed count reproduces."""
+    tuned = run_member(Solo(), digits, MLP, TrainConfig(epochs=2, replicas="auto", max_replicas=3))
+    assert tuned["replicas_source"] == "tuned" and tuned["tuning_samples"] > 0
+    given = run_member(Solo(), digits, MLP, TrainConfig(epochs=2, replicas=tuned["replicas"]))
+    assert given["replicas_source"] == "given" and given["tuning"] == []
+    assert torch.equal(tuned["z"], given["z"])
+    assert [h["accuracy"] for h in tuned["history"]] == [h["accuracy"] for h in given["history"]]
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_runs_through_the_same_loop(digits, name):
+    cfg = TrainConfig(epochs=2, lr=0.05, replicas=2, algorithm=name, lr_drops=(1,))
+    out = run_member(Solo(), digits, MLP, cfg)
+    assert [h["lr"] for h in out["history"]] == pytest.approx([0.05, 0.005])
+    assert out["history"][-1]["accuracy"] > 0.7
+    assert all(h["train_s"] > 0 and h["eval_s"] > 0 for h in out["history"])
+    # the checkpoint of the last epoch restores to the same weights
+    algo = ALGORITHMS[name](MLP(), cfg, 2, lambda t: t)
+    algo.restore({"z": out["z"], "delta_prev": out["delta_prev"]})
+    assert torch.equal(algo.weights, out["z"])
+
+
+def test_algorithm_objects_and_bad_combinations():
+    assert ALGORITHMS == {"sma": SMA, "ssgd": SSGD}
+    assert SMA.tunable and SMA.partitionable and not SSGD.tunable and not SSGD.partitionable
+    with pytest.raises(ValueError, match="partitions=2 splits SMA's sync"):
+        TrainConfig(algorithm="ssgd", replicas=2, partitions=2)
+    with pytest.raises(ValueError, match="use one of \\['sma', 'ssgd'\\]"):
+        TrainConfig(algorithm="adam")
+
+
+# ------------------------------------------------------------------ on the cluster
+
+
 def test_final_central_model_is_bit_identical_on_both_workers(client, digits):
     cfg = TrainConfig(epochs=2, lr=0.05, batch_size=16, replicas=2)
-    member = functools.partial(_member, data=digits, model=MLP, cfg=cfg, resume=None, checkpoint_name="quiver-test-ckpt")
+    member = functools.partial(_train_member, data=digits, model=MLP, cfg=cfg, resume=None, checkpoint_name="quiver-test-ckpt")
     results = run_gang(client, member, None, timeout=30)
     assert len(results) == 2
     z0, z1 = results[0]["z"], results[1]["z"]
@@ -42,6 +126,12 @@ def test_final_central_model_is_bit_identical_on_both_workers(client, digits):
 def test_train_as_a_function_on_two_workers(client, digits):
     out = gpu.train(digits, model=MLP, epochs=3, lr=0.05, batch_size=16, replicas=2)
     assert out["workers"] == 2 and out["restarts"] == 0
+    # where the time went, in the result: training loops, and the rest of the call
+    assert out["training_seconds"] == pytest.approx(sum(h["train_s"] for h in out["history"]))
+    waited = out["queued_seconds"]  # for another gang's admission lock (none here)
+    assert out["overhead_seconds"] == pytest.approx(out["wall_seconds"] - out["training_seconds"] - waited)
+    assert out["admission_seconds"] > 0 and out["data_seconds"] > 0 and out["tuning_seconds"] < 0.01
+    assert out["replicas_source"] == "given"
     assert out["accuracy"] > 0.85
     assert len(out["history"]) == 3 and out["history"][-1]["samples_per_s"] > 0
     with torch.no_grad():
@@ -54,6 +144,22 @@ def test_ssgd_baseline_in_the_same_engine(client, digits):
     out = gpu.train(digits, model=MLP, epochs=3, lr=0.1, batch_size=16, replicas=2, algorithm="ssgd")
     assert out["algorithm"] == "ssgd" and out["workers"] == 2
     assert out["accuracy"] > 0.8
+
+
+def test_auto_replicas_are_recorded_and_reused_on_the_cluster(client, digits):
+    model = functools.partial(gpu.MLP, 64, 10, hidden=(24,))  # a model no other test tunes
+    first = gpu.train(digits, model=model, epochs=2, replicas="auto", max_replicas=3)
+    again = gpu.train(digits, model=model, epochs=2, replicas="auto", max_replicas=3, lr=0.1)
+    assert first["replicas_source"] == "tuned" and first["tuning_seconds"] > 0
+    assert [k for k, _ in first["tuning"]] == list(range(1, len(first["tuning"]) + 1))
+    # the same model, data, batch and workers: the cluster remembers the choice (lr does not matter)
+    assert again["replicas_source"] == "remembered" and again["replicas"] == first["replicas"]
+    assert again["tuning"] == first["tuning"] and again["tuning_samples"] == 0
+    # and the tuned run is the run given that count: a rerun reproduces it
+    given = gpu.train(digits, model=model, epochs=2, replicas=first["replicas"])
+    assert given["accuracy"] == first["accuracy"]
+    for a, b in zip(given["model"].parameters(), first["model"].parameters()):
+        assert torch.equal(a, b)
 
 
 def test_target_accuracy_stops_early(client, digits):
@@ -73,6 +179,22 @@ def test_two_training_branches_explored_at_once_both_complete(client):
     assert len(result.value) == 2
     assert all(v["workers"] == 2 for v in result.value)
     assert {"replicas", "samples_per_s", "epochs"} <= set(result.table.columns)
+
+
+def test_concurrent_auto_branches_share_one_tuning(client):
+    """Two branches tuning at once used to choose separately (3 vs 6 replicas in one report):
+    now one tunes while the other waits for its choice."""
+    model = functools.partial(gpu.MLP, 64, 10, hidden=(20,))  # a model no other test tunes
+    runs = (
+        Pipeline("two-auto")
+        .source(gpu.load_digits_tensors, seed=0)
+        .explore("train", grid(gpu.train, model=[model], lr=[0.02, 0.05], epochs=[1], max_replicas=[3]))
+    )
+    result = runs.choose("accuracy", k=2).run(client, progress=False, quiet=True)
+    values = result.values
+    assert sorted(v["replicas_source"] for v in values) == ["remembered", "tuned"]
+    assert values[0]["replicas"] == values[1]["replicas"]
+    assert "replicas_source" in result.table.columns and "overhead_seconds" in result.table.columns
 
 
 def test_bad_arguments_fail_before_training(digits):

@@ -37,6 +37,8 @@ import zict
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.spill import SpillBuffer
 
+from ..keys import original_key
+
 __all__ = [
     "NextUses",
     "PlannedLRU",
@@ -70,8 +72,7 @@ class NextUses:
         choose keeps their branch (no planned read), go first; then by next planned read,
         furthest first.  A result read for the last time goes last: the run is about to
         release it, so writing it to disk would be wasted work."""
-        if isinstance(key, str) and "~again" in key:  # the executor's recompute copy of a key
-            key = key.split("~again", 1)[0]
+        key = original_key(key)  # the executor's recompute copy of a key is planned as the key
         u = self.uses.get(key)
         if u is None or not u:
             return math.inf

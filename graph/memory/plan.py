@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PipelineError
+from ..errors import PipelineError
+from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "MemoryPlan",
     "execution_order",
     "plan_memory",
+    "compare_with_run",
     "KEEP",
     "SPILL",
     "RECOMPUTE",
@@ -93,11 +95,6 @@ class MemoryPlan:
     recomputed: int
     estimated_keys: dict[str, int] = field(default_factory=dict)  # how many sizes came from each source
     too_big: list[str] = field(default_factory=list)  # steps over a worker's share (non-strict re-plans)
-
-    @property
-    def data_budget(self) -> int:
-        """Bytes of results one worker may hold (the plan's capacity)."""
-        return self.worker_data_budget
 
     @property
     def predicted_peak(self) -> int:
@@ -210,14 +207,7 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
     """
     assumed = {cp.index: _assumed_kept(cp, decided) for cp in compiled.chooses}
     kept = {c: a[0] for c, a in assumed.items()}
-    tips: list[tuple[int, int, list[str], tuple]] = []
-    for cp in compiled.chooses:
-        for i, b in enumerate(cp.inputs):
-            tips.append((len(b.gates), len(tips), list(b.lineage) + [cp.metric_keys[i]], b.gates))
-    outputs_from = len(tips)
-    for b in compiled.branches:
-        tips.append((len(b.gates), len(tips), list(b.lineage), b.gates))
-    tips.sort(key=lambda t: (t[0], t[1]))
+    tips = [(t.kind == "output", list(t.keys), t.branch.gates) for t in run_order(run_targets(compiled))]
 
     def deps(key: str):
         task = compiled.graph.get(key) or compiled.metric_graph[key]
@@ -243,11 +233,11 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
 
     excluded: list[tuple[list[str], tuple]] = []
     held: set[str] = set()
-    for _, n, keys, gates in tips:
+    for is_output, keys, gates in tips:
         if all(i in kept[c] for c, i in gates):
             for k in keys:
                 visit(k)
-            if n >= outputs_from:
+            if is_output:
                 held.add(keys[-1])
         else:
             excluded.append((keys, gates))
@@ -368,29 +358,39 @@ def plan_memory(
     tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
 
     def chain_cost(key: str, seen: set[str]) -> float:
-        """Seconds to recompute ``key`` from what will still be in memory or on disk."""
-        c = cost(key)
-        for d in deps(key):
-            if d in resident or d in on_disk or d in seen:
-                continue
-            seen.add(d)
-            c += chain_cost(d, seen)
+        """Seconds to recompute ``key`` from what will still be in memory or on disk
+        (iterative: a chain thousands of steps deep must not hit Python's recursion limit)."""
+        c = 0.0
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            c += cost(k)
+            for d in deps(k):
+                if d in resident or d in on_disk or d in seen:
+                    continue
+                seen.add(d)
+                stack.append(d)
         return c
 
     def bring(key: str, t: int) -> None:
-        """Make ``key`` resident: read it back, or recompute it (and what it needs)."""
-        if key in resident:
-            return
-        if key in on_disk:
-            on_disk.discard(key)
-            tally["read"] += size[key]
-        else:
-            for d in deps(key):
-                bring(d, t)
-            tally["recomputed"] += 1
-        resident[key] = size[key]
-        tally["total"] += size[key]
-        tally["peak"] = max(tally["peak"], tally["total"])
+        """Make ``key`` resident: read it back, or recompute it (and what it needs first)."""
+        stack = [(key, False)]
+        while stack:
+            k, inputs_ready = stack.pop()
+            if k in resident:
+                continue
+            if k in on_disk:
+                on_disk.discard(k)
+                tally["read"] += size[k]
+            elif not inputs_ready:
+                stack.append((k, True))  # come back once what it needs is resident
+                stack.extend((d, False) for d in deps(k) if d not in resident)
+                continue
+            else:
+                tally["recomputed"] += 1
+            resident[k] = size[k]
+            tally["total"] += size[k]
+            tally["peak"] = max(tally["peak"], tally["total"])
 
     def make_room(nbytes: int, protected: set[str], t: int) -> None:
         while tally["total"] + nbytes > capacity:
@@ -474,3 +474,68 @@ def plan_memory(
         estimated_keys=sources,
         too_big=too_big,
     )
+
+
+#: a predicted peak this far from the measured one (either way) is reported
+PEAK_TOLERANCE = 0.25
+
+
+def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str, Any]:
+    """Predicted against measured, and in words why they differ when they differ much.
+
+    ``measured``: the run's ``peak_memory_bytes``, ``peak_worker_memory_bytes`` and
+    ``spilled_bytes``.  Returns ``peak_prediction_ratio`` (measured / predicted peak) and,
+    when the measured peak is more than 25% off or Dask spilled what the plan did not plan
+    to spill, ``memory_plan_note``: one paragraph for people.
+
+    >>> M = 2**20
+    >>> p = MemoryPlan(budget=1000 * M, workers=2, baseline=100 * M, worker_data_budget=250 * M, order=(),
+    ...                decisions={}, predicted_data_peak=150 * M, spill_bytes=0, read_bytes=0, recomputed=0)
+    >>> out = compare_with_run(p, {"peak_memory_bytes": 700 * M, "peak_worker_memory_bytes": 380 * M,
+    ...                            "spilled_bytes": 300 * M})
+    >>> round(out["peak_prediction_ratio"], 2)
+    1.4
+    >>> print(out["memory_plan_note"])                                  # doctest: +ELLIPSIS
+    measured peak 700.00 MiB is 40% above the predicted 500.00 MiB; Dask spilled 300.00 MiB that the plan ...
+    """
+    out: dict[str, Any] = {}
+    peak = measured.get("peak_memory_bytes") or 0
+    worker_peak = measured.get("peak_worker_memory_bytes") or 0
+    spilled = measured.get("spilled_bytes") or 0
+    predicted = plan.predicted_peak
+    if not predicted or not peak:
+        return out
+    ratio = peak / predicted
+    out["peak_prediction_ratio"] = ratio
+    notes = []
+    if abs(ratio - 1) > PEAK_TOLERANCE:
+        notes.append(
+            f"measured peak {format_bytes(peak)} is {abs(ratio - 1):.0%} {'above' if ratio > 1 else 'below'} "
+            f"the predicted {format_bytes(predicted)}"
+        )
+    unplanned = spilled - plan.spill_bytes
+    if unplanned > max(0.05 * spilled, 1 << 20):
+        planned_worker = plan.baseline + plan.predicted_data_peak
+        notes.append(
+            f"Dask spilled {format_bytes(unplanned)} that the plan did not plan to spill "
+            f"({format_bytes(plan.spill_bytes)} planned): Dask spills results whenever a worker's process "
+            f"memory passes {SPILL_FRACTION:.0%} of its limit ({format_bytes(int(plan.worker_memory_limit * SPILL_FRACTION))} here), "
+            f"and a worker reached {format_bytes(worker_peak)} against the plan's "
+            f"{format_bytes(planned_worker)} (idle {format_bytes(plan.baseline)} + results "
+            f"{format_bytes(plan.predicted_data_peak)})"
+        )
+    if notes and (ratio > 1 + PEAK_TOLERANCE or unplanned > max(0.05 * spilled, 1 << 20)):
+        notes.append(
+            "the difference is memory the plan does not model: the steps' temporaries while they run, "
+            "libraries a step loads that were not imported when idle memory was measured, and memory "
+            "freed but not yet returned to the OS. Give each step more room (a larger memory_budget or "
+            "fewer workers), or set size_hint on steps whose working memory is much larger than their result"
+        )
+    elif notes:
+        notes.append(
+            "the plan models every worker as holding up to its own share at the same moment; Dask placed "
+            "results more unevenly or released them sooner"
+        )
+    if notes:
+        out["memory_plan_note"] = "; ".join(notes[:-1]) + ". " + notes[-1][0].upper() + notes[-1][1:] + "."
+    return out

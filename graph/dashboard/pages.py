@@ -34,7 +34,7 @@ from bokeh.plotting import figure
 from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
-from .dashboard import COLORS, PLUGIN_NAME
+from .protocol import COLORS, PLUGIN_NAME
 
 __all__ = ["exploration_doc", "training_doc", "tree_layout"]
 

@@ -2,9 +2,9 @@
 
 The executor calls this when a run has a ``memory_budget``: it measures an idle
 worker's memory, optionally runs the first branch as a sampling pass (its results
-are kept and reused by the run), plans with :func:`graph.memory_plan.plan_memory`,
+are kept and reused by the run), plans with :func:`graph.memory.plan.plan_memory`,
 marks the results it plans to drop and recompute, installs the plan's eviction order
-and spill target on every worker (:class:`graph.spill.MemoryPlanPlugin`), and
+and spill target on every worker (:class:`graph.memory.spill.MemoryPlanPlugin`), and
 asks the scheduler-side monitor to stop the run at once if a result turns out
 larger than a worker's share of the budget.
 
@@ -14,14 +14,15 @@ larger than a worker's share of the budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from .errors import RunError
-from .memory_plan import SPILL_FRACTION, MemoryPlan, plan_memory
+from ..errors import RunError
+from .plan import SPILL_FRACTION, MemoryPlan, plan_memory
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 
-__all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "spill_counters"]
+__all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "spill_counters", "step_libraries"]
 
 
 def worker_limits(budget: Any, workers: int) -> int:
@@ -48,13 +49,89 @@ def _rss(dask_worker: Any = None) -> int:
     return max(rss - held, 0)
 
 
-def measure_baseline(client: Any, ceiling: int | None = None, patience: float = 5.0) -> tuple[int, int]:
+def step_libraries(compiled: Any) -> list[str]:
+    """The modules a run's steps load on a worker: each step function's module (unless it is
+    ``__main__`` or shipped by value), the modules its globals name, and the modules its
+    code imports (``import x`` / ``from x import y`` inside the function, nested code too).
+
+    >>> def step(df):
+    ...     import json
+    ...     from xml.dom import minidom
+    ...     return df
+    >>> class C:
+    ...     graph = {"s-1": type("T", (), {"func": step})()}
+    ...     metric_graph = {}
+    >>> [m for m in step_libraries(C) if m in ("json", "xml.dom")]
+    ['json', 'xml.dom']
+    """
+    import dis
+    import types
+
+    import cloudpickle
+
+    from ..tracebacks import step_functions
+
+    by_value = set(cloudpickle.list_registry_pickle_by_value())
+    mods: set[str] = set()
+    for fn in step_functions(compiled):
+        module = getattr(fn, "__module__", None)
+        if isinstance(module, str) and module not in ("__main__", "__mp_main__") and module not in by_value:
+            mods.add(module)
+        glb = getattr(fn, "__globals__", {}) or {}
+        code = getattr(fn, "__code__", None)
+        codes = [code] if code is not None else []
+        while codes:
+            c = codes.pop()
+            for name in c.co_names:
+                v = glb.get(name)
+                if isinstance(v, types.ModuleType):
+                    mods.add(v.__name__)
+            for ins in dis.get_instructions(c):
+                if ins.opname == "IMPORT_NAME" and isinstance(ins.argval, str):
+                    mods.add(ins.argval)
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return sorted(m for m in mods if m and not m.startswith("."))
+
+
+def _import_modules(modules: list) -> list:
+    """On a worker: import ``modules`` (those it cannot import are skipped); return those imported."""
+    import importlib
+
+    done = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+            done.append(m)
+        except Exception:  # a module only the client has, or a relative import: not ours to fix here
+            pass
+    return done
+
+
+def measure_baseline(
+    client: Any, ceiling: int | None = None, patience: float = 5.0, modules: Any = ()
+) -> tuple[int, int]:
     """(number of workers, memory of the largest worker process apart from the results it
     holds, plus a 15% margin).  Above ``ceiling`` it measures again for up to ``patience``
     seconds, keeping each worker's lowest reading: memory a previous run freed a moment ago
-    is not an idle worker's."""
+    is not an idle worker's.
+
+    ``modules`` (:func:`step_libraries`): imported on every worker first, so the idle memory
+    includes the libraries the run's steps load (pandas, scikit-learn, torch: often more than
+    the bare worker), and does not depend on what an earlier run happened to import."""
     import time
 
+    if modules:
+        try:
+            client.run(_import_modules, list(modules))
+        except Exception as exc:  # a worker died loading them: most often its nanny, for memory
+            limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+            limit = f" (memory limit {format_bytes(min(limits))} each)" if limits and min(limits) else ""
+            libs = ", ".join(sorted({m.split(".")[0] for m in modules}))
+            raise RunError(
+                f"a worker died while loading the libraries the steps use ({libs}){limit}: "
+                f"{type(exc).__name__}. Loading them alone needs more than a worker's share of the memory "
+                "budget; raise memory_budget or use fewer workers."
+            ) from None
     rss = client.run(_rss)
     if not rss:  # e.g. workers restarting after a nanny killed them
         try:
@@ -100,7 +177,7 @@ def measure_disk_bandwidth(client: Any) -> float:
     try:
         speeds = client.run(_disk_speed)
     except Exception:  # no numpy or no local directory: fall back to the planner's default
-        from .memory_plan import DEFAULT_DISK_BANDWIDTH
+        from .plan import DEFAULT_DISK_BANDWIDTH
 
         return DEFAULT_DISK_BANDWIDTH
     return float(min(speeds.values()))
@@ -147,78 +224,99 @@ class BudgetedRun:
         self.replans = 0
         self.first_prediction: dict | None = None
         self.too_big: set[str] = set()
+        self.compiled: Any = None
+        self.snapshot: Callable[[], dict] = dict
+        self.planned_with: tuple[int, int] = (1, 0)
         self.before = spill_counters(client)
 
-    def start(self, ex: Any, monitor_name: str) -> None:
-        """Plan and install; ``ex`` is the executor's ``_Execution``."""
+    def start(
+        self,
+        compiled: Any,
+        *,
+        monitor_name: str,
+        snapshot: Callable[[], dict],
+        abort: Callable[[str], None],
+        sample_first: Callable[[], None] | None = None,
+    ) -> frozenset:
+        """Plan and install. ``snapshot()`` reads the run monitor's record, ``abort(message)``
+        stops the run (thread-safe), ``sample_first()`` runs the first branch alone (with
+        ``sample=True``). Returns the keys the run may release early and recompute."""
         client = self.client
-        client.subscribe_topic(self.topic, lambda event: ex.events.put(("abort", event[1])))
+        self.compiled, self.snapshot = compiled, snapshot
+        client.subscribe_topic(self.topic, lambda event: abort(_guard_message(event[1])))
         if self.budget is None:
-            return
+            return frozenset()
         n = len(client.scheduler_info().get("workers", {})) or 1
-        workers, baseline = measure_baseline(client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2)
-        self.planned_with = (workers, baseline, monitor_name)
+        workers, baseline = measure_baseline(  # idle memory with the steps' libraries loaded
+            client, ceiling=int(self.budget // n * SPILL_FRACTION) // 2, modules=step_libraries(compiled)
+        )
+        self.planned_with = (workers, baseline)
         if self.disk_bandwidth is None:
             self.disk_bandwidth = measure_disk_bandwidth(client)
         share = int(self.budget // workers * SPILL_FRACTION) - baseline
         if share > 0:  # the guard is on before anything runs, the sampling pass included
             client.run_on_scheduler(_set_guard, name=monitor_name, keys=[], limit=share, topic=self.topic)
-        if self.sample:
-            ex.prefetch_first()
+        if self.sample and sample_first is not None:
+            sample_first()
         # before anything ran, a step hinted too big is a definition error; after the sampling
         # pass, a measured one is the guard's to report (it stops the run with a RunError)
-        self.plan = self._plan(ex, strict=not self.sample)
+        self.plan = self._plan({}, strict=not self.sample)
         self.too_big.update(self.plan.too_big)
-        ex.droppable = self._droppable(ex, self.plan)
-        if not self.sample:
-            ex.on_first_result = self.replan
-        ex.on_decision = self.replan
         self.plugin_name = f"quiver-memory-{self.run_id}"
         plugin = MemoryPlanPlugin(
             self.plugin_name, self.plan.next_uses(), self.plan.positions(), self.plan.worker_data_budget
         )
         client.register_plugin(plugin)
+        return self._droppable(self.plan)
 
-    @staticmethod
-    def _droppable(ex: Any, plan: MemoryPlan) -> frozenset:
+    def on_first_result(self, decided: dict) -> frozenset | None:
+        """The first branch result is in: plan again with what was measured (not after a sampling pass)."""
+        if self.budget is None or self.sample:
+            return None
+        return self.replan(decided)
+
+    def on_decision(self, decided: dict) -> frozenset | None:
+        """Chooses decided: plan again for the branches they kept."""
+        if self.budget is None:
+            return None
+        return self.replan(decided)
+
+    def _droppable(self, plan: MemoryPlan) -> frozenset:
         """What the plan drops, less the results of steps that must not run twice (they are
         spilled instead: recomputing them would be a second run)."""
-        from .store import is_rerun_safe
+        from ..rerun import is_rerun_safe
 
-        return frozenset(
-            k for k in plan.droppable if k not in ex.c.graph or is_rerun_safe(getattr(ex.c.graph[k], "func", None))
-        )
+        graph = self.compiled.graph
+        return frozenset(k for k in plan.droppable if k not in graph or is_rerun_safe(getattr(graph[k], "func", None)))
 
-    def _plan(self, ex: Any, strict: bool) -> MemoryPlan:
+    def _plan(self, decided: dict, strict: bool) -> MemoryPlan:
         """A plan from the sizes and seconds measured so far and the chooses' decisions."""
-        from .monitor import snapshot_on_scheduler
-
-        workers, baseline, monitor_name = self.planned_with
-        snap = self.client.run_on_scheduler(snapshot_on_scheduler, name=monitor_name)
-        sizes = SizeEstimates(hints=ex.c.size_hints)
-        sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in ex.c.graph})
+        workers, baseline = self.planned_with
+        snap = self.snapshot()
+        c = self.compiled
+        sizes = SizeEstimates(hints=c.size_hints)
+        sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in c.graph})
         return plan_memory(
-            ex.c,
+            c,
             self.budget,
             workers=workers,
             baseline=baseline,
             sizes=sizes,
             seconds=snap.get("seconds", {}),
             disk_bandwidth=self.disk_bandwidth,
-            decided=dict(ex.gate),
+            decided=decided,
             strict=strict,
         )
 
-    def replan(self, ex: Any) -> None:
-        """Plan again (the first result is in, or a choose decided) and send the workers the
-        new planned uses.  Never fails the run: a result too big is the guard's to report."""
-        plan = self._plan(ex, strict=False)
+    def replan(self, decided: dict) -> frozenset:
+        """Plan again and send the workers the new planned uses; returns the new droppable keys.
+        Never fails the run: a result too big is the guard's to report."""
+        plan = self._plan(decided, strict=False)
         if self.plan is not None and self.plan.predicted_peak and not self.replans:
             self.first_prediction = self.plan.summary()
         self.plan = plan
         self.replans += 1
         self.too_big.update(plan.too_big)
-        ex.droppable = self._droppable(ex, plan)
         if self.plugin_name is not None:
             try:
                 self.client.run(
@@ -226,6 +324,7 @@ class BudgetedRun:
                 )
             except Exception:  # a worker went away: the others still got it
                 pass
+        return self._droppable(plan)
 
     def close(self) -> None:
         try:
@@ -258,7 +357,17 @@ class BudgetedRun:
                 out["steps_over_worker_share"] = sorted({step_of(k) for k in self.too_big})
             measured = {k: n for k, n in snap.get("nbytes", {}).items() if k in compiled.graph}
             out["measured_result_bytes"] = sum(measured.values())
+            from .plan import compare_with_run  # predicted vs measured, and why they differ
+
+            out.update(compare_with_run(self.plan, {**snap, "spilled_bytes": out["spilled_bytes"]}))
         return out
+
+
+def _guard_message(msg: Any) -> str:
+    """The run monitor's guard event (``{"key", "nbytes", "limit"}``) as the error the run stops with."""
+    if isinstance(msg, dict) and {"key", "nbytes", "limit"} <= msg.keys():
+        return oversized_message(msg["key"], msg["nbytes"], msg["limit"])
+    return str(msg)
 
 
 def oversized_message(key: str, nbytes: int, limit: int) -> str:

@@ -59,7 +59,9 @@ def step_of(key: str) -> str:
     >>> step_of("standardize-3f2a9c")
     'standardize'
     """
-    return key.rsplit("-", 1)[0]
+    from ..keys import step_name  # graph.keys owns the key format
+
+    return step_name(key)
 
 
 class SizeEstimates:

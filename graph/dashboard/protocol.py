@@ -31,6 +31,11 @@ import time
 from typing import Any
 
 __all__ = [
+    "COLORS",
+    "EXPLORATION_PAGE",
+    "JSON_PATH",
+    "PLUGIN_NAME",
+    "TRAINING_PAGE",
     "EXPLORATION_TOPIC",
     "TRAINING_TOPIC",
     "STATUSES",
@@ -41,6 +46,24 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# The scheduler plugin's name, its pages and JSON route, and the status colours the pages use.
+PLUGIN_NAME = "quiver-dashboard"
+EXPLORATION_PAGE = "quiver-exploration"
+TRAINING_PAGE = "quiver-training"
+JSON_PATH = "quiver/api/state.json"
+MAX_RUNS = 20
+MAX_TRAININGS = 200
+
+COLORS = {
+    "waiting": "#c7c7c7",
+    "running": "#3182bd",
+    "done": "#74c476",
+    "chosen": "#e6550d",
+    "failed": "#252525",
+    "pruned": "#fdd0a2",
+    "cancelled": "#9e9ac8",
+}
 
 EXPLORATION_TOPIC = "quiver-exploration"
 TRAINING_TOPIC = "quiver-training"  # gpu/training.py publishes under the same name (gpu cannot import graph)
@@ -64,7 +87,7 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [jsonable(v, depth + 1) for v in value]
     if callable(value):
-        from .spec import fn_name
+        from ..spec import fn_name
 
         return fn_name(value)
     text = str(value)
@@ -79,7 +102,7 @@ def final_status(table_status: str, chosen: bool) -> str:
 
 
 def _pipeline_name(spec: Any) -> str:
-    from .spec import pipeline_name
+    from ..spec import pipeline_name
 
     try:
         return pipeline_name(spec)
@@ -105,14 +128,35 @@ class ExplorationPublisher:
     False
     """
 
-    def __init__(self, client: Any, run_id: str, compiled: Any, *, interval: float = 0.5):
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        compiled: Any,
+        *,
+        interval: float = 0.5,
+        share: float = 0.02,
+        clock: Any = None,
+        naive_tasks: int | None = None,
+        unique_tasks: int | None = None,
+    ):
         self.client = client
+        # the user's pipeline's task counts (a store-transformed pipeline has fewer)
+        self.naive_tasks = naive_tasks if naive_tasks is not None else (compiled.naive_tasks if compiled else 0)
+        self.unique_tasks = unique_tasks if unique_tasks is not None else (compiled.unique_tasks if compiled else 0)
         self.run_id = run_id
         self.compiled = compiled
-        self.interval = interval
+        self.interval = interval  # the shortest gap between two updates, in seconds
+        # Reading every branch's state costs O(branches) on the client, which shares the cores
+        # with the scheduler and the workers: after an update that took t seconds the next one
+        # waits at least t / share, so publishing stays below ``share`` of the run's time.
+        self.share = share
+        self.clock = clock or time.perf_counter
+        self._gap = interval
         self.enabled = client is not None and compiled is not None
         self.detailed = self.enabled and len(compiled.branches) <= MAX_PUBLISHED_BRANCHES
-        self._sent: dict[int, tuple] = {}
+        self._pending: dict[int, dict] = {}
+        self._tasks_done = 0
         self._last = 0.0
 
     def _send(self, msg: dict) -> None:
@@ -148,72 +192,31 @@ class ExplorationPublisher:
                 ],
                 "branches": [_branch_info(i, b) for i, b in enumerate(c.branches)] if self.detailed else [],
                 "total_branches": len(c.branches),
-                "unique_tasks": c.unique_tasks,
-                "naive_tasks": c.naive_tasks,
+                "unique_tasks": self.unique_tasks,
+                "naive_tasks": self.naive_tasks,
             }
         )
 
-    @staticmethod
-    def live(ex: Any) -> list[dict]:
-        """Each output branch's status and metrics now, read off a running ``_Execution``."""
-        out = []
-        for tip in ex.output_tips:
-            b = tip.branch
-            gate_tips = [ex.choose_tips[g] for g in b.gates]
-            decisions = [ex.gate.get(g) for g in b.gates]
-            failed = next((t for t in gate_tips if t.state == "failed"), None)
-            if failed is None and tip.state == "failed":
-                failed = tip
-            if failed is not None:
-                status = "failed"
-            elif "cancel" in decisions:
-                status = "cancelled"
-            elif "drop" in decisions:
-                status = "done" if all(k in ex.finished for k in b.lineage) else "pruned"
-            elif tip.state == "done":
-                status = "chosen" if decisions and all(d == "keep" for d in decisions) else "done"
-            elif tip.state == "submitted" or any(t.state == "submitted" for t in gate_tips):
-                status = "running"
-            elif gate_tips and all(t.state == "done" or ex.gate.get((t.choose, t.index)) == "keep" for t in gate_tips):
-                status = "done"  # its metric is in; the choose has not decided yet
-            else:
-                status = "waiting"
-            metrics = {}
-            for (ci, _), t in zip(b.gates, gate_tips):
-                if t.metric is not None:
-                    metrics[ex.c.chooses[ci].spec.metric_name] = jsonable(t.metric)
-            out.append({"id": tip.index, "status": status, "metrics": metrics, "error": failed.error if failed else None})
-        return out
+    def due(self) -> bool:
+        """Whether an update would be sent now (at most every ``interval`` s)."""
+        return self.enabled and self.detailed and self.clock() - self._last >= self._gap
 
-    def update(self, ex: Any, force: bool = False) -> None:
-        """Send the branches that changed since the last update (at most every ``interval`` s)."""
+    def update(self, branches: Any = (), tasks_done: int | None = None, force: bool = False) -> None:
+        """Queue changed branches (``(id, status, metrics, error)`` rows, what the state machine's
+        ``Publish`` instruction carries) and send what is queued at most every ``interval`` s."""
         if not self.enabled or not self.detailed:
             return
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        for i, status, metrics, error in branches:
+            self._pending[i] = {"id": i, "status": status, "metrics": jsonable(metrics), "error": error}
+        if tasks_done is not None:
+            self._tasks_done = tasks_done
+        now = self.clock()
+        if not self._pending or (not force and now - self._last < self._gap):
             return
-        self._last = now
-        try:
-            rows = self.live(ex)
-        except Exception as exc:
-            logger.debug("quiver: cannot read branch states: %s", exc)
-            return
-        changed = []
-        for r in rows:
-            sig = (r["status"], tuple(sorted(r["metrics"].items())), r["error"])
-            if self._sent.get(r["id"]) != sig:
-                self._sent[r["id"]] = sig
-                changed.append(r)
-        if changed:
-            self._send(
-                {
-                    "kind": "update",
-                    "run": self.run_id,
-                    "branches": changed,
-                    "tasks_done": len(ex.finished | ex.errored),
-                    "tasks_submitted": len(ex.submitted),
-                }
-            )
+        changed, self._pending = list(self._pending.values()), {}
+        self._send({"kind": "update", "run": self.run_id, "branches": changed, "tasks_done": self._tasks_done})
+        self._last = self.clock()
+        self._gap = max(self.interval, (self._last - now) / self.share)
 
     def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
         """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""

@@ -3,7 +3,7 @@
 :class:`QuiverDashboard` is a ``SchedulerPlugin``. It keeps, per run, the explore/choose
 tree with each branch's status, choices and metrics (fed by the run's
 ``quiver-exploration`` events) and, per training branch, the per-epoch curves that
-``gpu.train``'s gang members publish on ``quiver-training`` (see :mod:`graph.events`).
+``gpu.train``'s gang members publish on ``quiver-training`` (see :mod:`graph.dashboard.protocol`).
 When it starts on a scheduler with a dashboard it adds, to that same HTTP server:
 
 * ``/quiver-exploration``: the tree (colour = status, the chosen branch ringed) and a
@@ -40,7 +40,20 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .events import EXPLORATION_TOPIC, STATUSES, TRAINING_TOPIC, jsonable
+from ..ranking import best as best_index
+from .protocol import (
+    COLORS,
+    EXPLORATION_PAGE,
+    EXPLORATION_TOPIC,
+    JSON_PATH,
+    MAX_RUNS,
+    MAX_TRAININGS,
+    PLUGIN_NAME,
+    STATUSES,
+    TRAINING_PAGE,
+    TRAINING_TOPIC,
+    jsonable,
+)
 
 __all__ = [
     "PLUGIN_NAME",
@@ -50,27 +63,11 @@ __all__ = [
     "QuiverDashboard",
     "dask_setup",
     "ensure_dashboard",
-    "snapshot_on_scheduler",
+    "dashboard_snapshot",
 ]
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_NAME = "quiver-dashboard"
-EXPLORATION_PAGE = "quiver-exploration"
-TRAINING_PAGE = "quiver-training"
-JSON_PATH = "quiver/api/state.json"
-MAX_RUNS = 20
-MAX_TRAININGS = 200
-
-COLORS = {
-    "waiting": "#c7c7c7",
-    "running": "#3182bd",
-    "done": "#74c476",
-    "chosen": "#e6550d",
-    "failed": "#252525",
-    "pruned": "#fdd0a2",
-    "cancelled": "#9e9ac8",
-}
 
 
 def _choice_text(label: str, params: dict) -> str:
@@ -90,7 +87,6 @@ class QuiverDashboard(SchedulerPlugin):
         self.max_runs = max_runs
         self.runs: OrderedDict[str, dict] = OrderedDict()
         self.training: OrderedDict[str, dict] = OrderedDict()
-        self.key_index: dict[str, dict[str, list[int]]] = {}  # task key -> run -> branch ids
         self.version = 0
         self.scheduler = None
 
@@ -120,17 +116,21 @@ class QuiverDashboard(SchedulerPlugin):
     def _exploration(self, msg: dict) -> None:
         kind, run_id = msg.get("kind"), msg.get("run")
         if kind == "start":
+            # Thousands of branches share their choices, labels and upstream keys: one string
+            # object per distinct value (``share``) keeps a run's record near 1 KB per branch.
+            shared: dict = {}
+            share = lambda v: shared.setdefault(v, v)  # noqa: E731
             branches = []
             for b in msg.get("branches", ()):
-                choices = [(c[0], c[1], c[2] or {}) for c in b.get("choices", ())]
+                choices = [(share(c[0]), share(c[1]), c[2] or {}) for c in b.get("choices", ())]
                 branches.append(
                     {
                         "id": b["id"],
-                        "key": b.get("key"),
-                        "choices": {name: _choice_text(label, params) for name, label, params in choices},
+                        "key": share(b.get("key")),
+                        "choices": {name: share(_choice_text(label, params)) for name, label, params in choices},
                         "labels": {name: label for name, label, _ in choices},
-                        "params": {f"{name}.{p}": v for name, _, params in choices for p, v in params.items()},
-                        "lineage": list(b.get("lineage", ())),
+                        "params": {share(f"{name}.{p}"): v for name, _, params in choices for p, v in params.items()},
+                        "lineage": [share(k) for k in b.get("lineage", ())],
                         "gates": b.get("gates", []),
                         "status": "waiting",
                         "metrics": {},
@@ -138,10 +138,10 @@ class QuiverDashboard(SchedulerPlugin):
                         "error": None,
                     }
                 )
-                for key in b.get("lineage", ()):
-                    self.key_index.setdefault(key, {}).setdefault(run_id, []).append(b["id"])
-                    # a rerun of the same pipeline reuses the training step's key: its curves
-                    # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
+            if self.training:
+                # a rerun of the same pipeline reuses the training step's key: its curves
+                # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
+                for key in {k for b in branches for k in b["lineage"]}:
                     self.training.pop(key, None)
             self.runs[run_id] = {
                 "run": run_id,
@@ -158,15 +158,10 @@ class QuiverDashboard(SchedulerPlugin):
                 "tasks_done": 0,
                 "stats": {},
                 "error": None,
+                "key_index": None,  # task key -> branch ids, built when a training page asks (branches_of)
             }
             while len(self.runs) > self.max_runs:
-                old_id, old = self.runs.popitem(last=False)
-                for key in {k for b in old["branches"] for k in b["lineage"]}:
-                    runs = self.key_index.get(key)
-                    if runs is not None:
-                        runs.pop(old_id, None)
-                        if not runs:
-                            del self.key_index[key]
+                self.runs.popitem(last=False)
         elif kind in ("update", "end"):
             run = self.runs.get(run_id)
             if run is None:
@@ -256,7 +251,16 @@ class QuiverDashboard(SchedulerPlugin):
 
     def branches_of(self, task: str) -> list[tuple[str, int]]:
         """``(run, branch id)`` of every branch whose path contains the task ``task``, oldest run first."""
-        return [(run, i) for run, ids in self.key_index.get(task, {}).items() for i in ids]
+        out = []
+        for run_id, run in self.runs.items():
+            index = run.get("key_index")
+            if index is None:  # built once per run, and only when asked: a run without training never pays
+                index = run["key_index"] = {}
+                for b in run["branches"]:
+                    for key in b["lineage"]:
+                        index.setdefault(key, []).append(b["id"])
+            out.extend((run_id, i) for i in index.get(task, ()))
+        return out
 
     def run_view(self, run: dict) -> dict:
         branches = []
@@ -280,14 +284,11 @@ class QuiverDashboard(SchedulerPlugin):
         best = None
         if run["chooses"]:
             cp = run["chooses"][-1]
-            vals = [(b["metrics"].get(cp["metric"]), b["id"]) for b in branches]
-            vals = [v for v in vals if isinstance(v[0], (int, float))]
-            if vals:
-                if cp.get("mode", "max") == "max":  # ties go to the branch declared first, as in a choose
-                    pick = min(vals, key=lambda v: (-v[0], v[1]))
-                else:
-                    pick = min(vals)
-                best = {"metric": cp["metric"], "value": pick[0], "branch": pick[1]}
+            metrics = {b["id"]: b["metrics"].get(cp["metric"]) for b in branches}
+            metrics = {i: float(m) for i, m in metrics.items() if isinstance(m, (int, float))}
+            pick = best_index(metrics, cp.get("mode", "max"))  # the choose's own rule (graph.ranking)
+            if pick is not None:
+                best = {"metric": cp["metric"], "value": metrics[pick], "branch": pick}
         return {
             "run": run["run"],
             "name": run["name"],
@@ -343,8 +344,8 @@ class QuiverDashboard(SchedulerPlugin):
         return jsonable({"version": self.version, "time": time.time(), "runs": runs, "training": training})
 
 
-def snapshot_on_scheduler(dask_scheduler, run: str | None = None) -> dict:
-    """``client.run_on_scheduler(snapshot_on_scheduler)``: the plugin's snapshot (``{}`` without it)."""
+def dashboard_snapshot(dask_scheduler, run: str | None = None) -> dict:
+    """``client.run_on_scheduler(dashboard_snapshot)``: the plugin's snapshot (``{}`` without it)."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     return plugin.snapshot(run) if plugin is not None else {}
 
@@ -403,7 +404,7 @@ def install_pages(scheduler) -> bool:
     from distributed.dashboard.core import BokehApplication
     from distributed.dashboard.scheduler import template_variables
 
-    from . import dashboard_pages
+    from . import pages as dashboard_pages
 
     variables = template_variables(scheduler)  # shared with the dashboard's own pages: they link ours too
     for page in (EXPLORATION_PAGE, TRAINING_PAGE):

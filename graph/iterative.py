@@ -1,0 +1,361 @@
+"""Iterative steps (docs/architecture.md §7): generator steps that report while they run.
+
+A step that is a generator function yields one mapping (a *report*) per iteration and
+returns its value (default: its last report).  On a worker it runs inside one Dask task,
+wrapped in :class:`Iterative`:
+
+* each report is sent to the run at once with the worker's own event log
+  (``Worker.log_event`` on topic :data:`REPORT_TOPIC`, a message on the worker's batched
+  stream to the scheduler, which forwards it to the subscribed client): the report's
+  scalar entries, the task key, the iteration (reports made, from 1), the worker and an
+  attempt id;
+* at a rung of the choose's ``PruneSpec`` the step waits for the run's answer: the client
+  sets a ``distributed.Variable`` named :func:`gate_name` ``(key, iteration)`` to
+  ``"continue"`` or ``"stop"``, then the ``distributed.Event`` of the same name; the step
+  waits on the event (``Event.wait`` with a timeout returns ``False``, where a timed-out
+  ``Variable.get`` would log an error on the scheduler each time) and reads the variable.
+  Both live on the scheduler, so a generator that Dask restarts after its worker died
+  finds every answer already given when it replays (it never waits twice for one rung, and
+  never gets a different answer);
+* on ``"stop"`` the generator is closed (its ``finally`` runs) and the task returns
+  :class:`Pruned` at once, freeing its worker thread for the next task;
+* between iterations, a task the run has cancelled (its future released) closes its
+  generator too, instead of running on unobserved;
+* at ``max_iter`` reports the generator is closed and the task returns its last report.
+
+The measured choice of transport is in ``benchmarks/report_transport.py``.
+
+On the client, a :class:`ReportChannel` (owned by the run's driver) subscribes to the
+reports, hands each ``(key, iteration)`` to ``on_report`` exactly once (a replay after a
+restart is counted in ``replayed`` and not delivered again), and answers rungs with
+``resume(key, iteration)`` / ``stop(key, iteration)`` from any thread.
+
+Importing this module does not import Dask.
+
+>>> def count(x, n):
+...     for i in range(n):
+...         yield {"i": i + x}
+...     return {"total": n}
+>>> Iterative(count)(10, n=2)                 # outside Dask: no reports sent, same value
+{'total': 2}
+>>> is_iterative(count), is_iterative(len)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .spec import PruneSpec, fn_name
+
+__all__ = [
+    "REPORT_TOPIC",
+    "CONTINUE",
+    "STOP",
+    "Iterative",
+    "Pruned",
+    "ReportChannel",
+    "gate_name",
+    "is_iterative",
+    "iterative_task",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The event-log topic reports travel on (one message per report).
+REPORT_TOPIC = "quiver-report"
+CONTINUE, STOP = "continue", "stop"
+#: Seconds a step waits on its gate between checks that its task was not cancelled.
+GATE_POLL_S = 1.0
+
+
+def is_iterative(fn: Any) -> bool:
+    """Whether a step function is iterative: a generator function (also through
+    ``functools.partial``), ``gpu.train`` (docs/architecture.md §7), or a callable that
+    says so with a true ``__quiver_iterative__`` attribute."""
+    if inspect.isgeneratorfunction(fn):  # unwraps functools.partial itself
+        return True
+    if getattr(fn, "__quiver_iterative__", False):
+        return True
+    training = sys.modules.get("gpu.training")  # gpu.train is only ever passed once imported
+    return training is not None and fn is getattr(training, "train", None)
+
+
+def gate_name(key: str, iteration: int) -> str:
+    """Name of the ``distributed.Variable`` holding the run's answer at a rung."""
+    return f"quiver-gate-{key}-{iteration}"
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a stopped iterative step returns: the run recognises it (status ``pruned``)."""
+
+    iterations: int
+    last: Mapping | None
+
+
+def _scalars(report: Mapping) -> dict:
+    from .compiler import scalar_entries  # the one owner of "small scalar entries"
+
+    return scalar_entries(report)
+
+
+class _Task:
+    """The Dask side of one running iterative task (a no-op outside a worker)."""
+
+    def __init__(self) -> None:
+        try:
+            from distributed import get_worker
+
+            self.worker = get_worker()
+            self.key = self.worker.get_current_task()
+        except (ImportError, ValueError):
+            self.worker = self.key = None
+        self.attempt = uuid.uuid4().hex[:12]
+
+    @property
+    def live(self) -> bool:
+        return self.worker is not None and self.key is not None
+
+    def send(self, iteration: int, report: Mapping, wait: bool) -> None:
+        if self.live:
+            msg = {
+                "key": str(self.key),
+                "iteration": iteration,
+                "report": _scalars(report),
+                "wait": wait,
+                "worker": self.worker.address,
+                "attempt": self.attempt,
+            }
+            self.worker.log_event(REPORT_TOPIC, msg)
+
+    def cancelled(self) -> bool:
+        """True once the run released this task (Dask marks it cancelled while it executes)."""
+        if not self.live:
+            return False
+        ts = self.worker.state.tasks.get(self.key)
+        return ts is None or ts.state in ("cancelled", "released", "forgotten")
+
+    def answer(self, iteration: int) -> str:
+        """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled)."""
+        if not self.live:
+            return CONTINUE
+        from distributed import Event, Variable, get_client
+
+        client = get_client()
+        name = gate_name(str(self.key), iteration)
+        answered = Event(name, client=client)
+        while not answered.wait(timeout=GATE_POLL_S):
+            if self.cancelled():
+                return STOP
+        return Variable(name, client=client).get()
+
+
+class Iterative:
+    """The task callable of an iterative step: ``Iterative(fn, prune)(*args, **params)``.
+
+    Runs ``fn`` (a generator function) to the end, or until the run stops it, and returns
+    its value: the generator's return value, its last report when it returns ``None`` or
+    stops at ``max_iter``, or :class:`Pruned` when the run stopped it.  A step that returns
+    something other than a generator (e.g. ``gpu.train`` before it iterates) is returned as is.
+    ``prune``: the choose's ``PruneSpec`` (its rungs are where the step waits for an answer),
+    or ``None`` (reports only).  Wrapping does not change a step's key (``graph.keys``).
+    """
+
+    __slots__ = ("fn", "prune", "__name__")
+
+    def __init__(self, fn: Callable, prune: PruneSpec | None = None):
+        self.fn = fn
+        self.prune = prune
+        self.__name__ = fn_name(fn)
+
+    def __repr__(self) -> str:
+        return f"Iterative({self.__name__}, prune={self.prune!r})"
+
+    def __reduce__(self):
+        return (Iterative, (self.fn, self.prune))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        gen = self.fn(*args, **kwargs)
+        if not isinstance(gen, Generator):
+            return gen
+        task = _Task()
+        prune = self.prune
+        done, last = 0, None
+        try:
+            while True:
+                try:
+                    report = next(gen)
+                except StopIteration as end:
+                    return last if end.value is None else end.value
+                if not isinstance(report, Mapping):
+                    raise TypeError(
+                        f"iterative step {self.__name__} yielded {type(report).__name__} at iteration "
+                        f"{done + 1}; an iterative step yields one mapping per iteration, e.g. "
+                        "yield {'accuracy': acc, 'loss': loss}"
+                    )
+                done, last = done + 1, report
+                gate = prune is not None and prune.rung_of(done) is not None
+                task.send(done, report, gate)
+                if prune is not None and prune.max_iter is not None and done >= prune.max_iter:
+                    return last
+                if gate and task.answer(done) == STOP:
+                    return Pruned(done, dict(last))
+                if task.cancelled():
+                    return Pruned(done, dict(last))
+        finally:
+            gen.close()  # runs the generator's finally when it stops early (a no-op once ended)
+
+
+def iterative_task(task: Any, prune: PruneSpec | None = None) -> Any:
+    """The compiled ``dask.task_spec.Task`` of an iterative step, run by :class:`Iterative`
+    (with the rungs of ``prune``), under the same key and with the same arguments.
+
+    For the compiler: every iterative step's task is wrapped (``prune=None``: reports
+    only); a pruning choose wraps its input tasks again with its ``PruneSpec``.  Two
+    pruning chooses over one task must agree on the rule.
+
+    >>> from dask.task_spec import Task
+    >>> def fit(x, lr):
+    ...     yield {"a": x * lr}
+    >>> t = iterative_task(iterative_task(Task("fit-1", fit, 2, lr=0.5)), PruneSpec(3, 1))
+    >>> t.key, t.func, t.args, t.kwargs
+    ('fit-1', Iterative(fit, prune=PruneSpec(factor=3, min_iter=1, max_iter=None)), (2,), {'lr': 0.5})
+    >>> t({})
+    {'a': 1.0}
+    """
+    from dask.task_spec import Task
+
+    fn = task.func
+    if isinstance(fn, Iterative):
+        if prune is None or fn.prune == prune:
+            return task
+        if fn.prune is not None:
+            raise ValueError(
+                f"step {fn.__name__} ({task.key}) feeds two pruning chooses with different rules "
+                f"({fn.prune} and {prune}); give them the same halving(...)"
+            )
+        fn = fn.fn
+    return Task(task.key, Iterative(fn, prune), *task.args, **task.kwargs)
+
+
+@dataclass
+class ReportChannel:
+    """The client side of iterative steps: reports in, rung answers out.
+
+    ``on_report(key, iteration, report)`` is called on the client's event loop (keep it
+    short: put an event on the driver's queue) for each first arrival of ``(key,
+    iteration)``, in iteration order per key; ``keys`` (optional) limits it to these
+    tasks.  ``resume``/``stop`` answer a step waiting at a rung (``waiting[key]``: the
+    last rung it reported) and may be called from any thread; ``close`` unsubscribes and deletes the answers given.  One channel per client
+    at a time (a client has one handler per event topic).
+
+    >>> ch = ReportChannel(client, lambda key, i, report: events.put((key, i, report)))  # doctest: +SKIP
+    >>> ch.stop(key, 3); ch.resume(other, 3); ch.close()                               # doctest: +SKIP
+    """
+
+    client: Any
+    on_report: Callable[[str, int, dict], Any]
+    keys: set | None = None
+    delivered: dict[str, int] = field(default_factory=dict)  # key -> iterations delivered
+    attempts: dict[str, list[str]] = field(default_factory=dict)  # key -> attempt ids seen
+    replayed: int = 0  # reports that arrived again (a restarted step) and were not delivered
+    workers: dict[str, str] = field(default_factory=dict)  # key -> worker of its latest report
+    waiting: dict[str, int] = field(default_factory=dict)  # key -> the last rung it reported
+
+    def __post_init__(self) -> None:
+        self._answers: queue.Queue = queue.Queue()
+        self._given: list[str] = []
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_answers, name="quiver-gate-answers", daemon=True)
+        self._sender.start()
+        self.client.subscribe_topic(REPORT_TOPIC, self._on_event)
+
+    def _on_event(self, event: Any) -> None:
+        try:
+            _, msg = event
+            key, iteration = msg["key"], int(msg["iteration"])
+        except Exception:  # never let a malformed event break the client's event loop
+            return
+        if self.keys is not None and key not in self.keys:
+            return
+        seen = self.attempts.setdefault(key, [])
+        if msg.get("attempt") not in seen:
+            seen.append(msg.get("attempt"))
+        self.workers[key] = msg.get("worker")
+        if iteration <= self.delivered.get(key, 0):
+            self.replayed += 1
+            return
+        self.delivered[key] = iteration
+        if msg.get("wait"):
+            self.waiting[key] = iteration
+        try:
+            self.on_report(key, iteration, msg.get("report", {}))
+        except Exception:
+            logger.exception("quiver: on_report failed for %s iteration %s", key, iteration)
+
+    def resume(self, key: str, iteration: int | None = None) -> None:
+        """Let the step ``key`` waiting at rung ``iteration`` (default: the rung it reported
+        last) go on."""
+        self._answer(key, iteration, CONTINUE)
+
+    def stop(self, key: str, iteration: int | None = None) -> None:
+        """Stop the step ``key`` at rung ``iteration`` (default: the rung it reported last):
+        its generator is closed and it returns ``Pruned``."""
+        self._answer(key, iteration, STOP)
+
+    def _answer(self, key: str, iteration: int | None, value: str) -> None:
+        if iteration is None:
+            iteration = self.waiting.get(key)
+            if iteration is None:
+                raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
+        self._answers.put((gate_name(key, iteration), value))
+
+    def _send_answers(self) -> None:
+        from distributed import Event, Variable
+
+        while True:
+            item = self._answers.get()
+            if item is None:
+                return
+            name, value = item
+            try:
+                Variable(name, client=self.client).set(value)
+                Event(name, client=self.client).set()
+                self._given.append(name)
+            except Exception as exc:  # the cluster is going away: nothing waits any more
+                logger.debug("quiver: cannot answer %s: %s", name, exc)
+
+    def close(self) -> None:
+        """Stop listening, wait for the answers in flight, delete every answer given."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.unsubscribe_topic(REPORT_TOPIC)
+        except Exception:
+            pass
+        self._answers.put(None)
+        self._sender.join()
+        from distributed import Event, Variable
+
+        for name in self._given:
+            try:
+                Variable(name, client=self.client).delete()
+                Event(name, client=self.client).clear()
+            except Exception:
+                pass
+
+    def __enter__(self) -> "ReportChannel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

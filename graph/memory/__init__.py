@@ -1,0 +1,48 @@
+"""Memory under a byte budget: size estimates, the plan, the workers' planned spill buffer, the run's budget.
+
+* :mod:`graph.memory.sizes`: byte sizes of step results (measured, hinted, a sibling's, a default);
+* :mod:`graph.memory.plan`: :func:`plan_memory`, pure: what stays, spills or is recomputed (Belady's
+  rule over the run order), as a printable :class:`MemoryPlan`;
+* :mod:`graph.memory.spill`: on the workers, Dask's ``SpillBuffer`` evicting by the plan;
+* :mod:`graph.memory.budget`: a run under a ``memory_budget`` (limits, baseline, re-planning).
+
+The rules are described in ``docs/architecture.md`` (scheduling and memory). Importing this package
+imports nothing heavy: its names load on first use.
+
+>>> from graph.memory import parse_bytes, format_bytes
+>>> parse_bytes("2 GiB"), format_bytes(3 * 2**20)
+(2147483648, '3.00 MiB')
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "BudgetedRun",
+    "MemoryPlan",
+    "PlannedSpillBuffer",
+    "SizeEstimates",
+    "format_bytes",
+    "parse_bytes",
+    "plan_memory",
+    "worker_limits",
+]
+
+_LAZY = {
+    "BudgetedRun": "graph.memory.budget",
+    "worker_limits": "graph.memory.budget",
+    "MemoryPlan": "graph.memory.plan",
+    "plan_memory": "graph.memory.plan",
+    "PlannedSpillBuffer": "graph.memory.spill",
+    "SizeEstimates": "graph.memory.sizes",
+    "format_bytes": "graph.memory.sizes",
+    "parse_bytes": "graph.memory.sizes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graph.memory' has no attribute {name!r}")

@@ -1,0 +1,129 @@
+"""Pure pruning rule of a choose: asynchronous successive halving (ASHA, docs/architecture.md §7).
+
+A :class:`Halving` is fed one branch report at a time (in the order the run receives
+them) and answers at once, never waiting for other branches:
+
+* rungs are at ``min_iter * factor**r`` reports (``PruneSpec.rung_of``), below ``max_iter``;
+* a branch that reaches a rung continues iff its metric ranks within the top
+  ``max(1, n // factor)`` of the ``n`` branches of its group that have reached that rung so
+  far, itself included (``graph.ranking.sort_key``: higher first for ``mode="max"``, lower
+  for ``"min"``, ties to the lower branch index, i.e. the branch declared first, NaN last);
+  a NaN metric never continues (a choose never keeps a NaN branch either);
+* otherwise it stops: ``Stop(rung, iteration)``, a *pruned* branch;
+* the report that makes ``max_iter`` reports stops the branch too, not pruned
+  (``Stop(None, iteration)``): it has finished and its last report is its value.
+
+Reports are idempotent per ``(branch, iteration)``: a generator that Dask restarts after a
+worker died replays its reports, and each replay gets the first answer again without
+counting twice at a rung.  After a ``Stop`` a branch's later reports are not ranked (they
+can only come from a stop still in flight) and get the same ``Stop``.  A branch that fails
+simply stops reporting: nothing ever waits for it.
+
+>>> from graph.spec import PruneSpec
+>>> h = Halving(PruneSpec(factor=2, min_iter=1), mode="max")
+>>> h.report(0, None, 1, 0.5)          # first at rung 1: top max(1, 1 // 2) = 1 of 1
+Continue()
+>>> h.report(1, None, 1, 0.4)          # 2 at rung 1, keep top 1: branch 0 has 0.5
+Stop(rung=0, iteration=1)
+>>> h.report(1, None, 1, 0.4)          # a replay: same answer, not counted again
+Stop(rung=0, iteration=1)
+>>> h.report(2, None, 1, 0.9), h.report(0, None, 2, 0.7)
+(Continue(), Continue())
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from .ranking import sort_key
+from .spec import PruneSpec
+
+__all__ = ["Continue", "Stop", "Decision", "Halving", "RungEntry"]
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The branch goes on to its next iteration."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the branch after ``iteration`` reports: pruned at rung index ``rung``, or
+    (``rung is None``) finished because it made ``max_iter`` reports."""
+
+    rung: int | None
+    iteration: int
+
+    @property
+    def pruned(self) -> bool:
+        return self.rung is not None
+
+
+Decision = Continue | Stop
+
+
+@dataclass(frozen=True)
+class RungEntry:
+    """One branch's arrival at one rung: what the dashboard draws and the tests check."""
+
+    branch: int
+    metric: float
+    continued: bool
+    n: int  # branches at this rung (of this group) when it arrived, itself included
+
+
+@dataclass
+class Halving:
+    """The ASHA rule of one choose; ``report`` for every report of every branch.
+
+    ``branch`` is the branch's input index in the choose (declaration order: ties go to
+    the lower one), ``group`` its ``per=`` group (``None`` without ``per``), ``iteration``
+    the number of reports it has made (from 1), ``metric`` the choose metric of this report.
+    """
+
+    prune: PruneSpec
+    mode: str = "max"
+    _rungs: dict[tuple[Hashable, int], list[tuple]] = field(default_factory=dict, repr=False)
+    _seen: dict[tuple[int, int], Decision] = field(default_factory=dict, repr=False)
+    _stopped: dict[int, Stop] = field(default_factory=dict, repr=False)
+    arrivals: dict[tuple[Hashable, int], list[RungEntry]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"Halving: mode must be 'max' or 'min', got {self.mode!r}")
+
+    def report(self, branch: int, group: Hashable, iteration: int, metric: float) -> Decision:
+        """Decide on one report (see the module docstring for the rule)."""
+        seen = self._seen.get((branch, iteration))
+        if seen is not None:
+            return seen
+        decision = self._decide(branch, group, iteration, float(metric))
+        self._seen[(branch, iteration)] = decision
+        if isinstance(decision, Stop):
+            self._stopped.setdefault(branch, decision)
+        return decision
+
+    def _decide(self, branch: int, group: Hashable, iteration: int, metric: float) -> Decision:
+        if branch in self._stopped:
+            return self._stopped[branch]
+        r = self.prune.rung_of(iteration)
+        if r is not None:
+            ranked = self._rungs.setdefault((group, r), [])
+            entry = sort_key(metric, branch, self.mode)
+            bisect.insort(ranked, entry)
+            n = len(ranked)
+            top = max(1, n // self.prune.factor)
+            ok = ranked.index(entry) < top and not math.isnan(metric)
+            self.arrivals.setdefault((group, r), []).append(RungEntry(branch, metric, ok, n))
+            if not ok:
+                return Stop(r, iteration)
+        if self.prune.max_iter is not None and iteration >= self.prune.max_iter:
+            return Stop(None, iteration)
+        return Continue()
+
+    def stopped(self, branch: int) -> Stop | None:
+        """The ``Stop`` a branch got, if any."""
+        return self._stopped.get(branch)

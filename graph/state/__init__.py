@@ -1,0 +1,63 @@
+"""A run as a pure state machine: events in, instructions out (docs/architecture.md §4).
+
+* :mod:`graph.state.order`: the run's targets and their order (one function for the
+  executor's priorities and the memory plan's model);
+* :mod:`graph.state.events`: the events the driver feeds in and the instructions it gets back;
+* :mod:`graph.state.machine`: :class:`ExplorationState`, every decision of a run, and the
+  branch status rule.
+
+Nothing here talks to a cluster; ``graph.executor`` is the thin driver that does. Names load
+on first use, so ``graph.memory.plan`` (imported on workers) reads the order without loading
+the machine (and pandas, through the table rows).
+
+>>> from graph.state import Start, TaskFinished, Submit
+>>> TaskFinished("load-1")
+TaskFinished(name='load-1')
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "Abort",
+    "Cancel",
+    "ChooseDecided",
+    "ExplorationState",
+    "Fail",
+    "Finished",
+    "FirstResult",
+    "Gather",
+    "METRIC_ERROR_MODES",
+    "MemoryPlanned",
+    "MetricRead",
+    "Publish",
+    "Recompute",
+    "Release",
+    "Report",
+    "Start",
+    "Stop",
+    "Submit",
+    "Target",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskFinished",
+    "Warn",
+    "WorkerLost",
+    "branch_status",
+    "priority",
+    "run_order",
+    "run_targets",
+]
+
+_EVENTS = {n for n in __all__ if n[0].isupper() and n not in ("ExplorationState", "METRIC_ERROR_MODES", "Target")}
+_LAZY = {n: "graph.state.events" for n in _EVENTS}
+_LAZY.update({n: "graph.state.machine" for n in ("ExplorationState", "METRIC_ERROR_MODES", "branch_status")})
+_LAZY.update({n: "graph.state.order" for n in ("Target", "priority", "run_order", "run_targets")})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graph.state' has no attribute {name!r}")

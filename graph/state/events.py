@@ -1,0 +1,205 @@
+"""What goes into the exploration state machine (events) and what comes out (instructions).
+
+Events are facts the driver observed (a task finished, a metric was read, a worker was
+lost, someone asked to abort); instructions are what the machine decided the driver must
+do (submit these tasks, read these metrics, release or cancel these results, show this,
+stop). Both are small frozen values, so a test writes them literally::
+
+    >>> TaskFinished("load-1"), Release(("load-1",))
+    (TaskFinished(name='load-1'), Release(names=('load-1',)))
+
+The contract is listed in docs/architecture.md §4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    # events
+    "Abort",
+    "MemoryPlanned",
+    "MetricRead",
+    "Report",
+    "Start",
+    "Stop",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskFinished",
+    "WorkerLost",
+    # instructions
+    "Cancel",
+    "ChooseDecided",
+    "Fail",
+    "Finished",
+    "FirstResult",
+    "Gather",
+    "Publish",
+    "Recompute",
+    "Release",
+    "Submit",
+    "Warn",
+]
+
+
+# ---- events (driver -> machine) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    """Open every target not behind a choose (``first_only``: only the first one, a sampling
+    pass; a later ``Start()`` opens the rest)."""
+
+    first_only: bool = False
+
+
+@dataclass(frozen=True)
+class TaskFinished:
+    """The task submitted under ``name`` (a key, or its recompute copy) is in memory."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class TaskFailed:
+    """The task submitted under ``name`` raised."""
+
+    name: str
+    error: str  # "Type: message"
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class TaskCancelled:
+    """Dask itself cancelled ``name`` (the machine never gets this for what it cancelled)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class MetricRead:
+    """The value of the finished metric task ``name`` (answer to a :class:`Gather`)."""
+
+    name: str
+    metric: float
+    scalars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A worker left; ``names``: results of the run it held. Dask recomputes the ones the run
+    still holds (they come back as :class:`TaskFinished`); the machine stops counting them as done."""
+
+    worker: str
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemoryPlanned:
+    """The memory plan (re)decided which finished results may be released early and recomputed."""
+
+    droppable: frozenset
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Stop the run now with ``reason`` (a watchdog, a result too big for the budget, Ctrl-C)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """An iterative step (``name``) reported ``values`` at ``iteration``."""
+
+    name: str
+    iteration: int
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the step ``name`` (e.g. a pruning choose): branches that need it end ``pruned``."""
+
+    name: str
+    reason: str = ""
+
+
+# ---- instructions (machine -> driver) ------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    """Submit ``tasks`` (name -> ``dask.task_spec.Task``) with Dask ``priority`` (name -> int)."""
+
+    tasks: Mapping[str, Any]
+    priority: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """``key`` was released and is needed again: it is in this batch's :class:`Submit` as ``name``."""
+
+    key: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Read the values of these finished metric tasks and answer with :class:`MetricRead`."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Let go of these finished (or failed) results."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel these unfinished tasks."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChooseDecided:
+    """A choose decided one group: input indices kept (best first), dropped, cancelled."""
+
+    choose: int
+    group: Any
+    keep: tuple[int, ...]
+    drop: tuple[int, ...]
+    cancel: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FirstResult:
+    """The first branch result (a metric or an output value) is in."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Branches whose live status, metrics or error changed: ``(id, status, metrics, error)`` rows."""
+
+    branches: tuple[tuple, ...]
+
+
+@dataclass(frozen=True)
+class Warn:
+    """Show ``message`` to the user now (the progress line)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop the run: raise ``RunError(message)``."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Every target is resolved or dead: the run is over."""

@@ -1,0 +1,783 @@
+"""The exploration state machine: every decision a run makes, with no cluster in sight.
+
+:class:`ExplorationState` takes events (:mod:`graph.state.events`: a task finished or
+failed, a metric was read, abort...) and returns instructions (submit these tasks, read
+these metrics, release or cancel these results, show this, stop), the way
+``distributed``'s ``WorkerState.handle_stimulus`` does for a worker. It owns what to
+submit and with which priority (depth-first up to the next choose), what to hold and
+release, what to recompute under a distinct name (``<key>~againN``), what each choose
+keeps (:func:`graph.ranking.decide`), when the same metric mistake stops the run, and
+every branch's status. The driver (``graph.executor``) only talks to the Client.
+
+Every event costs time in what it touches, never a scan over all branches: the machine
+keeps, per key, how many unresolved live targets still need it (the rule for releasing),
+per choose group the number still pending, per gate the targets behind it.
+
+>>> from pipelines import Pipeline, grid
+>>> from tests import steps                                   # doctest: +SKIP
+>>> s = ExplorationState(compiled)                            # doctest: +SKIP
+>>> s.handle(Start())                                         # doctest: +SKIP
+[Submit(tasks={...}, priority={...})]
+
+The rules are written out in docs/architecture.md §4; tests/test_state.py drives the
+machine with literal event sequences and random event orders.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from ..compiler import metric_failure_cause
+from ..keys import original_key, recompute_key, step_name
+from ..ranking import decide, meets, sort_key
+from ..table import RowState
+from .events import (
+    Abort,
+    Cancel,
+    ChooseDecided,
+    Fail,
+    Finished,
+    FirstResult,
+    Gather,
+    MemoryPlanned,
+    MetricRead,
+    Publish,
+    Recompute,
+    Release,
+    Report,
+    Start,
+    Stop,
+    Submit,
+    TaskCancelled,
+    TaskFailed,
+    TaskFinished,
+    Warn,
+    WorkerLost,
+)
+from .order import Target, priority, run_targets
+
+__all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status"]
+
+WAITING, SUBMITTED, DONE, FAILED = "waiting", "submitted", "done", "failed"
+#: what a run does when its first branches fail at a choose for the same reason
+METRIC_ERROR_MODES = ("stop", "continue")
+
+
+class _Tip:
+    """The machine's record of one target."""
+
+    __slots__ = ("t", "state", "dead", "stopped", "metric", "scalars", "error", "traceback", "failed_step",
+                 "kept", "demand", "holds", "cause", "keys")
+
+    def __init__(self, t: Target):
+        self.t = t
+        self.keys = t.keys  # every task it needs (computed once)
+        self.state = WAITING
+        self.dead = False
+        self.stopped = False  # a Stop event ended it (status pruned)
+        self.metric: float | None = None
+        self.scalars: dict | None = None
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.failed_step: str | None = None
+        self.kept = 0  # gates that kept it so far (open when all did)
+        self.demand: str | None = "wait"  # counted in demand_wait / demand_sub while unresolved and alive
+        self.holds = True  # counted in out_hold / choose_hold
+        self.cause: str | None = None  # why its metric could not be read (fail fast)
+
+    @property
+    def resolved(self) -> bool:
+        return self.state in (DONE, FAILED)
+
+
+def branch_status(failed: bool, decisions: list, ends_at_drop: bool, done: bool, stopped: bool,
+                  running: bool, metric_in: bool, aborted: bool) -> str:
+    """The one rule for a branch's status (docs/architecture.md §4).
+
+    Final statuses (the table's): ``failed`` (a step or metric read of it failed),
+    ``cancelled`` (a first-k-above-threshold choose cancelled it, or the run was stopped
+    before it resolved), ``pruned`` (a choose dropped it before its remaining steps ran,
+    even if a store or another branch computed them; or a Stop ended it), ``ok``
+    (everything ran: its value, or its metric at the choose that dropped it, is in).
+    Before that: ``running`` (some task of it is submitted), ``done`` (its metric is in,
+    the choose has not decided), ``waiting``.
+
+    >>> branch_status(False, ["drop"], ends_at_drop=False, done=False, stopped=False, running=False, metric_in=True, aborted=False)
+    'pruned'
+    >>> branch_status(False, ["drop"], ends_at_drop=True, done=False, stopped=False, running=False, metric_in=True, aborted=False)
+    'ok'
+    """
+    if failed:
+        return "failed"
+    if "cancel" in decisions:
+        return "cancelled"
+    if "drop" in decisions:
+        return "ok" if ends_at_drop else "pruned"
+    if stopped:
+        return "pruned"
+    if done:
+        return "ok"
+    if aborted:
+        return "cancelled"
+    if running:
+        return "running"
+    return "done" if metric_in else "waiting"
+
+
+class ExplorationState:
+    """Every decision of one run (see the module docstring).
+
+    ``on_metric_error``: ``"stop"`` (default) ends the run with one error when the first
+    two branches that reach a choose both fail to give their metric for the same reason
+    (a missing key, a non-number); ``"continue"`` only warns and runs every branch.
+    ``publish``: emit :class:`Publish` for changed branches (a dashboard listens).
+    """
+
+    def __init__(self, compiled: Any, *, on_metric_error: str = "stop", publish: bool = True):
+        if on_metric_error not in METRIC_ERROR_MODES:
+            raise ValueError(f"on_metric_error must be 'stop' or 'continue', not {on_metric_error!r}")
+        self.c = compiled
+        self.on_metric_error = on_metric_error
+        self.publish = publish
+        self.targets = run_targets(compiled)
+        n = len(self.targets)
+        self.tips = [_Tip(t) for t in self.targets]
+        self.priority = [priority(t, n) for t in self.targets]
+        self.choose_tip: dict[tuple[int, int], _Tip] = {}
+        self.output_tips: list[_Tip] = []
+        self.by_key: dict[str, list[_Tip]] = defaultdict(list)  # tips whose keys contain the key
+        self.by_target: dict[str, list[_Tip]] = defaultdict(list)
+        self.by_gate: dict[tuple[int, int], list[_Tip]] = defaultdict(list)
+        self.outputs_by_gate: dict[tuple[int, int], list[int]] = defaultdict(list)
+        self.demand_wait: Counter = Counter()
+        self.demand_sub: Counter = Counter()
+        self.out_hold: Counter = Counter()
+        self.choose_hold: Counter = Counter()
+        self.target_pend: Counter = Counter()
+        for tip in self.tips:
+            t = tip.t
+            for k in t.keys:
+                self.by_key[k].append(tip)
+                self.demand_wait[k] += 1
+            self.by_target[t.key].append(tip)
+            for g in t.branch.gates:
+                self.by_gate[g].append(tip)
+            if t.kind == "choose":
+                self.choose_tip[(t.choose, t.index)] = tip
+                self.choose_hold[t.branch.key] += 1
+                self.target_pend[t.metric_key] += 1
+            else:
+                self.output_tips.append(tip)
+                self.out_hold[t.branch.key] += 1
+                for g in t.branch.gates:
+                    self.outputs_by_gate[g].append(t.index)
+        # the dependents of every key, metric reads included (one owner: graph.compiler.dependents_of)
+        self.dependents: dict[str, set] = {k: set(v) for k, v in compiled.dependents.items()}
+        for mk, task in compiled.metric_graph.items():
+            for d in task.dependencies:
+                self.dependents.setdefault(d, set()).add(mk)
+        # choose groups: members, pending count, completion order
+        self.group_of: dict[tuple[int, int], Any] = {}
+        self.group_members: dict[tuple[int, Any], list[int]] = defaultdict(list)
+        self.group_pending: Counter = Counter()
+        self.group_reached: Counter = Counter()  # k-and-threshold: members past the threshold
+        for cp in compiled.chooses:
+            for i in range(len(cp.inputs)):
+                g = cp.group_of(i)
+                self.group_of[(cp.index, i)] = g
+                self.group_members[(cp.index, g)].append(i)
+                self.group_pending[(cp.index, g)] += 1
+        self.completion: dict[int, list[int]] = defaultdict(list)
+        self.gate: dict[tuple[int, int], str] = {}
+        self.decided_groups: set = set()
+        # keys and names
+        self.held: set[str] = set()  # names the driver holds futures for
+        self.submitted: set[str] = set()  # every name ever submitted
+        self.let_go: set[str] = set()  # original keys released or cancelled after submission
+        self.current: dict[str, str] = {}  # key -> the name it is computed under now
+        self.alias: dict[str, str] = {}  # recompute name -> key
+        self.finished: set[str] = set()
+        self.errored: set[str] = set()
+        self.errors: dict[str, tuple[str, str]] = {}
+        self.metric_values: dict[str, tuple[float, dict]] = {}
+        self.droppable: frozenset = frozenset()
+        self.recomputes = 0
+        self.lost = 0
+        self.history: dict[str, list] = defaultdict(list)  # iterative steps' reports
+        # progress
+        self.live = n  # targets neither resolved nor dead
+        self.branches_done = 0
+        self.started = False
+        self.first_only = False
+        self.first_result = False
+        self.aborted: str | None = None
+        self.metric_alarm: set[int] = set()  # chooses whose first failures were reported
+        self.best: tuple[float, int] | None = None  # (metric, input) best so far at the last choose
+        self.last_choose = compiled.chooses[-1].index if compiled.chooses else None
+        # per-batch work
+        self._candidates: set[str] = set()
+        self._dirty_groups: set = set()
+        self._opening: list[_Tip] = []
+        self._deferred: list[_Tip] = []  # opened, held back by a sampling pass (Start(first_only=True))
+        self._first: _Tip | None = None
+        self._check: list[_Tip] = []
+        self._gather: list[str] = []
+        self._dirty_outputs: set[int] = set()
+        self._published: dict[int, tuple] = {}
+        self._out: list = []
+
+    # ---- the entry point ------------------------------------------------------------------
+    def handle(self, *events: Any) -> list:
+        """Apply ``events`` in order, then settle: decide, open, submit, release. Returns the instructions."""
+        self._out = []
+        for ev in events:
+            if self.aborted is not None and not isinstance(ev, Abort):
+                continue
+            self._event(ev)
+        if self.aborted is None:
+            self._settle()
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def sampled(self) -> bool:
+        """The sampling pass (``Start(first_only=True)``) is over: its target resolved, or the run stopped."""
+        return self.aborted is not None or (self._first is None and self.started) or (
+            self._first is not None and (self._first.resolved or self._first.dead))
+
+    @property
+    def finished_run(self) -> bool:
+        return self.aborted is not None or (self.started and not self.first_only and self.live == 0)
+
+    # ---- events -----------------------------------------------------------------------------
+    def _event(self, ev: Any) -> None:
+        if isinstance(ev, TaskFinished):
+            self._finished(ev.name)
+        elif isinstance(ev, MetricRead):
+            self._metric(ev.name, ev.metric, dict(ev.scalars))
+        elif isinstance(ev, TaskFailed):
+            self._failed(ev.name, ev.error, ev.traceback)
+        elif isinstance(ev, TaskCancelled):
+            msg = f"Dask cancelled task {ev.name!r} (scheduler restarted, or the key was released elsewhere)"
+            self._failed(ev.name, f"CancelledError: {msg}", msg)
+        elif isinstance(ev, Start):
+            if not self.started:
+                self.started = True
+                self._opening.extend(t for t in self.tips if t.t.stage == 0)
+            self.first_only = ev.first_only
+            if not ev.first_only:
+                self._opening.extend(self._deferred)
+                self._deferred = []
+        elif isinstance(ev, MemoryPlanned):
+            self.droppable = frozenset(ev.droppable)
+            self._candidates.update(original_key(n) for n in self.held)
+        elif isinstance(ev, Abort):
+            self._abort(ev.reason)
+        elif isinstance(ev, WorkerLost):
+            self.lost += sum(1 for n in ev.names if n in self.held)
+        elif isinstance(ev, Report):
+            self.history[original_key(ev.name)].append((ev.iteration, dict(ev.values)))
+        elif isinstance(ev, Stop):
+            self._stop(original_key(ev.name))
+        else:
+            raise TypeError(f"ExplorationState: unknown event {ev!r}")
+
+    def _live_name(self, name: str) -> str | None:
+        """The key ``name`` computes, or ``None`` for a name the run no longer waits on."""
+        if name not in self.held:
+            return None  # released or cancelled by the run: a late event
+        key = self.alias.get(name, name)
+        if self.current.get(key, key) != name:
+            return None  # an older copy
+        return key
+
+    def _finished(self, name: str) -> None:
+        key = self._live_name(name)
+        if key is None or key in self.finished:
+            return
+        self.finished.add(key)
+        self._candidates.add(key)
+        self._candidates.update(self._task(key).dependencies)
+        if key in self.c.metric_graph:
+            if key in self.metric_values:
+                self._resolve_metric(key)
+            else:
+                self._gather.append(name)
+            return
+        for tip in self.by_target.get(key, ()):
+            if tip.state == SUBMITTED and not tip.dead:
+                self._done(tip)
+
+    def _metric(self, name: str, metric: float, scalars: dict) -> None:
+        key = self.alias.get(name, name)
+        self.metric_values[key] = (float(metric), scalars)
+        self._resolve_metric(key)
+
+    def _resolve_metric(self, key: str) -> None:
+        for tip in self.by_target.get(key, ()):
+            if tip.state == SUBMITTED and not tip.dead:
+                tip.metric, tip.scalars = self.metric_values[key]
+                self._done(tip)
+
+    def _failed(self, name: str, error: str, traceback: str) -> None:
+        key = self._live_name(name)
+        if key is None or key in self.errored:
+            return
+        self.errored.add(key)
+        self.errors[key] = (error, traceback)
+        self._candidates.add(key)
+        self._candidates.update(self._task(key).dependencies)
+        for tip in self.by_key.get(key, ()):
+            if tip.state == SUBMITTED and not tip.dead:
+                self._fail(tip, key)
+
+    def _abort(self, reason: str) -> None:
+        if self.aborted is not None:
+            return
+        self.aborted = reason
+        unfinished = [n for n in self.held if self.alias.get(n, n) not in self.finished]
+        if unfinished:
+            self.held.difference_update(unfinished)
+            self._out.append(Cancel(tuple(sorted(unfinished))))
+        self._dirty_outputs.update(range(len(self.output_tips)))
+        self._publish()
+        self._out.append(Fail(reason))
+
+    def _stop(self, key: str) -> None:
+        for tip in self.by_key.get(key, ()):
+            if not tip.resolved and not tip.dead:
+                tip.stopped = True
+                self._kill(tip)
+
+    # ---- target transitions -------------------------------------------------------------------
+    def _set_demand(self, tip: _Tip, new: str | None) -> None:
+        old = tip.demand
+        if old == new:
+            return
+        for k in tip.keys:
+            if old == "wait":
+                self.demand_wait[k] -= 1
+            elif old == "sub":
+                self.demand_sub[k] -= 1
+            if new == "wait":
+                self.demand_wait[k] += 1
+            elif new == "sub":
+                self.demand_sub[k] += 1
+        tip.demand = new
+        self._candidates.update(tip.keys)
+
+    def _drop_holds(self, tip: _Tip) -> None:
+        if not tip.holds:
+            return
+        tip.holds = False
+        k = tip.t.branch.key
+        if tip.t.kind == "output":
+            self.out_hold[k] -= 1
+        else:
+            self.choose_hold[k] -= 1
+        self._candidates.add(k)
+
+    def _touch(self, tip: _Tip) -> None:
+        """Queue the branches whose status ``tip`` affects for publishing."""
+        if tip.t.kind == "output":
+            self._dirty_outputs.add(tip.t.index)
+        else:
+            self._dirty_outputs.update(self.outputs_by_gate.get((tip.t.choose, tip.t.index), ()))
+
+    def _unpend(self, tip: _Tip) -> None:
+        """``tip`` stopped being a live unresolved target."""
+        self.live -= 1
+        self._set_demand(tip, None)
+        if tip.t.kind == "choose":
+            self.target_pend[tip.t.metric_key] -= 1
+            group = (tip.t.choose, self.group_of[(tip.t.choose, tip.t.index)])
+            self.group_pending[group] -= 1
+            self._dirty_groups.add(group)
+        else:
+            self.branches_done += 1
+        self._touch(tip)
+
+    def _done(self, tip: _Tip) -> None:
+        tip.state = DONE
+        t = tip.t
+        if t.kind == "choose":
+            self.completion[t.choose].append(t.index)
+            if tip.metric is not None and meets_threshold(self.c.chooses[t.choose].spec, tip.metric):
+                self.group_reached[(t.choose, self.group_of[(t.choose, t.index)])] += 1
+            if t.choose == self.last_choose and tip.metric == tip.metric:
+                mode = self.c.chooses[t.choose].spec.mode
+                if self.best is None or sort_key(tip.metric, t.index, mode) < sort_key(self.best[0], self.best[1], mode):
+                    self.best = (tip.metric, t.index)
+            self._check_metric_alarm(t.choose)
+        if not self.first_result:
+            self.first_result = True
+            self._out.append(FirstResult())
+        self._unpend(tip)
+
+    def _fail(self, tip: _Tip, key: str) -> None:
+        t = tip.t
+        root = next((k for k in t.branch.lineage if k in self.errored), key)
+        tip.state = FAILED
+        tip.error, tip.traceback = self.errors[root]
+        if root in self.c.graph:
+            tip.failed_step = step_name(root)
+        else:
+            tip.failed_step = f"choose({self.c.chooses[t.choose].spec.metric_name!r})"
+        if t.kind == "output":
+            self._drop_holds(tip)
+        if t.kind == "choose":
+            self.completion[t.choose].append(t.index)
+            if root == t.metric_key and t.branch.key in self.finished:  # the value is there: reading it failed
+                tip.cause = metric_failure_cause(tip.error)
+            self._check_metric_alarm(t.choose)
+        self._unpend(tip)
+
+    def _kill(self, tip: _Tip) -> None:
+        if tip.dead:
+            return
+        tip.dead = True
+        if not tip.resolved:
+            self._unpend(tip)
+        self._drop_holds(tip)
+        self._touch(tip)
+
+    # ---- fail fast on the same metric mistake ----------------------------------------------------
+    def _check_metric_alarm(self, choose: int) -> None:
+        order = self.completion[choose]
+        if len(order) != 2 or choose in self.metric_alarm:
+            return
+        causes = [self.choose_tip[(choose, i)].cause for i in order]
+        if causes[0] is None or causes[0] != causes[1]:
+            return
+        self.metric_alarm.add(choose)
+        first = self.choose_tip[(choose, order[0])]
+        cp = self.c.chooses[choose]
+        text = _error_text(first.error)
+        if self.on_metric_error == "stop":
+            self._out.append(Warn(f"choose({cp.spec.metric_name!r}): the first 2 branches failed: {causes[0]}; stopping"))
+            self._abort(
+                f"the first 2 branches that reached choose({cp.spec.metric_name!r}) failed for the same reason: "
+                f"{text}. Fix the step's output or the choose's metric, or pass on_metric_error='continue' "
+                "(quiver run --keep-going) to run every branch anyway."
+            )
+        else:
+            self._out.append(
+                Warn(f"choose({cp.spec.metric_name!r}): the first 2 branches failed: {causes[0]}; going on")
+            )
+
+    # ---- settling a batch -----------------------------------------------------------------------
+    def _settle(self) -> None:
+        if self._gather:
+            self._out.append(Gather(tuple(self._gather)))
+            self._gather = []
+        while self.aborted is None and (self._dirty_groups or self._opening or self._check):
+            while self._dirty_groups and self.aborted is None:
+                self._decide(self._dirty_groups.pop())
+            if self._opening and self.aborted is None:
+                self._submit_open()
+            while self._check and self.aborted is None:
+                self._check_new(self._check.pop())
+        if self.aborted is not None:
+            return
+        if self._gather:
+            self._out.append(Gather(tuple(self._gather)))
+            self._gather = []
+        self._release()
+        self._publish()
+        if self.finished_run:
+            self._out.append(Finished())
+
+    def _decide(self, group: tuple[int, Any]) -> None:
+        if group in self.decided_groups:
+            return
+        ci, g = group
+        cp = self.c.chooses[ci]
+        s = cp.spec
+        pending_n = self.group_pending[group]
+        if pending_n and not (s.k is not None and s.threshold is not None and self.group_reached[group] >= s.k):
+            return
+        members = [i for i in self.group_members[group] if not self.choose_tip[(ci, i)].dead]
+        mset = set(members)
+        metrics = {i: self.choose_tip[(ci, i)].metric for i in members if self.choose_tip[(ci, i)].state == DONE}
+        pending = [i for i in members if not self.choose_tip[(ci, i)].resolved]
+        order = [i for i in self.completion[ci] if i in mset]
+        d = decide(metrics, order, pending, s.mode, s.k, s.threshold)
+        if d is None:
+            return
+        self.decided_groups.add(group)
+        cancel = set(d.cancel)
+        keep = set(d.keep)
+        for i in members:
+            decision = "keep" if i in keep else "cancel" if i in cancel else "drop"
+            self._gate(ci, i, decision)
+        self._out.append(ChooseDecided(ci, g, tuple(d.keep), tuple(i for i in members if i not in keep and i not in cancel), tuple(d.cancel)))
+
+    def _gate(self, ci: int, i: int, decision: str) -> None:
+        self.gate[(ci, i)] = decision
+        own = self.choose_tip[(ci, i)]
+        self._drop_holds(own)
+        if decision == "cancel":
+            self._kill(own)
+        self._touch(own)
+        for tip in self.by_gate.get((ci, i), ()):
+            if decision == "keep":
+                tip.kept += 1
+                if tip.kept == tip.t.stage and not tip.dead:
+                    self._opening.append(tip)
+            else:
+                self._kill(tip)
+
+    def _submit_open(self) -> None:
+        opening, self._opening = self._opening, []
+        if self.first_only:
+            if self._first is None:
+                self._first = next((t for t in opening if t.t.stage == 0), None)
+            self._deferred.extend(t for t in opening if t is not self._first)  # opened by the next Start()
+            opening = [t for t in opening if t is self._first]
+        tasks: dict[str, Any] = {}
+        prio: dict[str, int] = {}
+        for tip in sorted(opening, key=lambda t: t.t.id):
+            if tip.state != WAITING or tip.dead:
+                continue
+            if not self.errored or not any(k in self.errored for k in tip.keys):  # else it fails at once, nothing to run
+                self._needs(tip, tasks, prio)
+            tip.state = SUBMITTED
+            self._set_demand(tip, "sub")
+            self._touch(tip)
+            self._check.append(tip)
+        if tasks:
+            self.held.update(tasks)
+            self.submitted.update(tasks)
+            self._out.append(Submit(tasks, prio))
+
+    def _needs(self, tip: _Tip, tasks: dict, prio: dict) -> None:
+        """Add to ``tasks`` what ``tip`` needs that the run does not hold: walking back from
+        its target, every task whose result is neither held nor already in ``tasks``.  A
+        result the run let go of is computed again under a distinct name (``<key>~againN``,
+        the task copied with ``Task.substitute``, its consumers pointed at the copy):
+        resubmitting the released key itself races with Dask still forgetting it, which
+        cancels the new future."""
+        p = self.priority[tip.t.id]
+        need: list[str] = []
+        seen: set[str] = set()
+        stack = [tip.t.key]
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            name = self.current.get(k, k)
+            if name in tasks:
+                if p > prio[name]:  # a more urgent target needs it: so do its inputs
+                    prio[name] = p
+                    stack.extend(self._task(k).dependencies)
+                continue
+            if name in self.held or k in self.errored:
+                continue
+            need.append(k)
+            stack.extend(self._task(k).dependencies)
+        for k in need:
+            if k in self.let_go:
+                self.recomputes += 1
+                name = recompute_key(k, self.recomputes)
+                self.current[k] = name
+                self.alias[name] = k
+                self.finished.discard(k)
+                self.let_go.discard(k)
+                self._out.append(Recompute(k, name))
+        for k in need:
+            task = self._task(k)
+            subs = {d: self.current[d] for d in task.dependencies if d in self.current}
+            name = self.current.get(k, k)
+            tasks[name] = task.substitute(subs, key=name) if (subs or name != k) else task
+            prio[name] = p
+
+    def _check_new(self, tip: _Tip) -> None:
+        """A just-submitted target whose result is already there, or whose path already failed."""
+        if tip.state != SUBMITTED or tip.dead:
+            return
+        for k in (tip.keys if self.errored else ()):
+            if k in self.errored:
+                self._fail(tip, k)
+                return
+        key = tip.t.key
+        if key in self.finished:
+            if tip.t.kind == "choose":
+                if key in self.metric_values:
+                    tip.metric, tip.scalars = self.metric_values[key]
+                    self._done(tip)
+                elif self.current.get(key, key) not in self._gather:
+                    self._gather.append(self.current.get(key, key))
+            else:
+                self._done(tip)
+
+    # ---- releasing what no live target needs -------------------------------------------------
+    def needed(self, key: str) -> bool:
+        """Whether a live target still needs ``key``'s result (see docs/architecture.md §4)."""
+        if self.out_hold[key] > 0 or self.target_pend[key] > 0:
+            return True
+        dropping = key in self.droppable
+        if self.choose_hold[key] > 0 and not dropping:
+            return True
+        skip_waiting = dropping and key in self.finished
+        for d in self.dependents.get(key, ()):
+            if d in self.finished:
+                continue
+            if self.demand_sub[d] > 0 or (not skip_waiting and self.demand_wait[d] > 0):
+                return True
+        return False
+
+    def _release(self) -> None:
+        release, cancel = [], []
+        for key in self._candidates:
+            name = self.current.get(key, key)
+            if name not in self.held or self.needed(key):
+                continue
+            self.held.discard(name)
+            if key in self.errored:
+                release.append(name)  # a failure stays a failure: never submitted again
+            elif key in self.finished:
+                release.append(name)
+                self.let_go.add(key)  # needed again later: recomputed under a new name
+            else:
+                cancel.append(name)
+                self.let_go.add(key)
+        self._candidates.clear()
+        if cancel:  # first: what they would have read is released just after
+            self._out.append(Cancel(tuple(sorted(cancel))))
+        if release:
+            self._out.append(Release(tuple(sorted(release))))
+
+    # ---- views ----------------------------------------------------------------------------------
+    def _task(self, key: str) -> Any:
+        task = self.c.graph.get(key)
+        return task if task is not None else self.c.metric_graph[key]
+
+    def status(self, j: int) -> str:
+        """Output branch ``j``'s status now (the rule: :func:`branch_status`)."""
+        tip = self.output_tips[j]
+        b = tip.t.branch
+        gate_tips = [self.choose_tip[g] for g in b.gates]
+        failed = tip.state == FAILED or any(t.state == FAILED for t in gate_tips)
+        decisions = [self.gate.get(g) for g in b.gates]
+        ends_at_drop = False
+        if "drop" in decisions and "cancel" not in decisions:
+            ci, i = b.gates[decisions.index("drop")]
+            ends_at_drop = self.c.chooses[ci].inputs[i].key == b.key
+        running = tip.state == SUBMITTED or any(t.state == SUBMITTED for t in gate_tips)
+        metric_in = bool(gate_tips) and all(t.state == DONE or self.gate.get((t.t.choose, t.t.index)) == "keep" for t in gate_tips)
+        return branch_status(failed, decisions, ends_at_drop, tip.state == DONE, tip.stopped or any(t.stopped for t in gate_tips),
+                             running, metric_in, self.aborted is not None)
+
+    def _failure(self, j: int) -> _Tip | None:
+        tip = self.output_tips[j]
+        gate_tips = [self.choose_tip[g] for g in tip.t.branch.gates]
+        failed = next((t for t in gate_tips if t.state == FAILED), None)
+        return failed or (tip if tip.state == FAILED else None)
+
+    def chosen(self, j: int, status: str | None = None) -> bool:
+        b = self.output_tips[j].t.branch
+        status = status or self.status(j)
+        return status == "ok" and all(self.gate.get(g) == "keep" for g in b.gates)
+
+    def _metrics_of(self, j: int) -> dict:
+        b = self.output_tips[j].t.branch
+        out = {}
+        for g in b.gates:
+            t = self.choose_tip[g]
+            if t.metric is not None:
+                out[self.c.chooses[g[0]].spec.metric_name] = t.metric
+        return out
+
+    def _publish(self) -> None:
+        if self.publish:
+            rows = self.changes()
+            if rows:
+                self._out.append(Publish(rows))
+
+    def changes(self) -> tuple:
+        """The branches whose live status, metrics or error changed since the last call, as
+        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries). With
+        ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
+        the machine only notes which branches were touched)."""
+        if not self._dirty_outputs:
+            return ()
+        rows = []
+        for j in sorted(self._dirty_outputs):
+            status = self.status(j)
+            if status == "ok":
+                status = "chosen" if self.chosen(j, status) else "done"
+            failed = self._failure(j)
+            row = (j, status, self._metrics_of(j), failed.error if failed else None)
+            if self._published.get(j) != row[1:]:
+                self._published[j] = row[1:]
+                rows.append(row)
+        self._dirty_outputs.clear()
+        return tuple(rows)
+
+    def decisions(self) -> dict[tuple[int, int], str]:
+        """The chooses' decisions so far: ``{(choose, input): "keep" | "drop" | "cancel"}``."""
+        return dict(self.gate)
+
+    def progress(self) -> dict[str, Any]:
+        """What the progress line shows (cheap: counters only)."""
+        best = ""
+        if self.best is not None:
+            name = self.c.chooses[self.last_choose].spec.metric_name
+            best = f"best {name}={self.best[0]:.4g}"
+        return {
+            "tasks_done": len(self.finished) + len(self.errored),
+            "tasks_total": max(len(self.submitted), 1),
+            "branches_done": self.branches_done,
+            "branches_total": len(self.output_tips),
+            "best": best,
+        }
+
+    def result_names(self) -> dict[int, str]:
+        """Output branch -> the name its value is held under, for branches whose value is in."""
+        return {
+            j: self.current.get(t.t.branch.key, t.t.branch.key)
+            for j, t in enumerate(self.output_tips)
+            if t.state == DONE
+        }
+
+    def rows(self) -> list[RowState]:
+        """Every output branch's final record for the table."""
+        rows = []
+        for j, tip in enumerate(self.output_tips):
+            b = tip.t.branch
+            gate_tips = [self.choose_tip[g] for g in b.gates]
+            failed = self._failure(j)
+            status = self.status(j)
+            if status in ("running", "waiting", "done"):
+                status = "cancelled" if self.aborted is not None else "pruned"
+            rows.append(
+                RowState(
+                    branch=b,
+                    status=status,
+                    chosen=self.chosen(j, status),
+                    metrics=[(g[0], t.metric) for g, t in zip(b.gates, gate_tips)],
+                    scalars={k: v for t in gate_tips for k, v in (t.scalars or {}).items()},
+                    error=failed.error if failed else None,
+                    traceback=failed.traceback if failed else None,
+                    failed_step=failed.failed_step if failed else None,
+                    has_value=tip.state == DONE,
+                )
+            )
+        return rows
+
+
+def meets_threshold(spec: Any, metric: float) -> bool:
+    return spec.threshold is not None and meets(metric, spec.threshold, spec.mode)
+
+
+def _error_text(error: str | None) -> str:
+    """``"KeyError: \\"msg\\""`` -> ``msg`` (the message a user reads)."""
+    text = error or ""
+    head, sep, rest = text.partition(": ")
+    if sep and head.isidentifier():
+        text = rest
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    return text

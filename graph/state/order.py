@@ -1,0 +1,83 @@
+"""The run order: which results a run needs (its *targets*) and in what order it runs them.
+
+One function owns the order, :func:`run_targets`, and both its users derive from it: the
+state machine's task priorities (:func:`priority`, a Dask ``priority`` annotation, higher
+first) and the memory plan's model of the run (``graph.memory.plan.execution_order``,
+which walks the targets in :func:`run_order`). The rule (docs/architecture.md §4):
+targets open stage by stage (a branch behind ``s`` chooses opens once they all kept it);
+among open targets, the one behind more chooses runs first, then declaration order (choose
+inputs by choose and input, then the output branches); each target depth-first.
+
+>>> from graph.spec import SourceSpec, ExploreSpec, ChooseSpec, Alternative, Call
+>>> def load(): return 1
+>>> def add(x, n): return {"x": x + n}
+>>> src = SourceSpec("demo", Call(load, (), "load"))
+>>> alts = tuple(Alternative("add", Call(add, (("n", n),), "add")) for n in (1, 2))
+>>> from graph.compiler import compile_spec
+>>> ts = run_targets(compile_spec(ChooseSpec(ExploreSpec(src, "n", alts), "x", "x")))
+>>> [(t.kind, t.stage) for t in ts]
+[('choose', 0), ('choose', 0), ('output', 1), ('output', 1)]
+>>> [t.id for t in run_order(ts)], [priority(t, len(ts)) for t in ts]
+([0, 1, 2, 3], [4, 3, 6, 5])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Target", "priority", "run_order", "run_targets"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A result the run needs: a choose input's metric (``kind="choose"``) or an output
+    branch's value (``kind="output"``). ``id`` is its declaration position."""
+
+    id: int
+    kind: str
+    branch: Any  # graph.compiler.Branch
+    choose: int | None = None  # the choose point (choose targets)
+    index: int = 0  # input index at that choose, or output branch index
+    metric_key: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The key whose result resolves the target."""
+        return self.metric_key or self.branch.key
+
+    @property
+    def stage(self) -> int:
+        """How many chooses must keep the branch before it runs."""
+        return len(self.branch.gates)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every task the target needs (its branch's lineage, then the metric read)."""
+        lineage = tuple(self.branch.lineage)
+        return lineage + (self.metric_key,) if self.metric_key else lineage
+
+
+def run_targets(compiled: Any) -> list[Target]:
+    """Every target of ``compiled`` in declaration order (``Target.id`` is the position)."""
+    out: list[Target] = []
+    for cp in compiled.chooses:
+        for i, b in enumerate(cp.inputs):
+            out.append(Target(len(out), "choose", b, cp.index, i, cp.metric_keys[i]))
+    for j, b in enumerate(compiled.branches):
+        out.append(Target(len(out), "output", b, None, j))
+    return out
+
+
+def priority(target: Target, n: int) -> int:
+    """The Dask priority of ``target``'s tasks among ``n`` targets: behind more chooses
+    first, then declaration order (depth-first branch after branch)."""
+    return target.stage * n + (n - target.id)
+
+
+def run_order(targets: Sequence[Target]) -> list[Target]:
+    """The order a run goes through ``targets`` as they open: stage by stage, and within a
+    stage by :func:`priority` (which, within one stage, is declaration order)."""
+    n = len(targets)
+    return sorted(targets, key=lambda t: (t.stage, -priority(t, n)))

@@ -1,0 +1,112 @@
+"""Put the user's file names back into tracebacks of steps shipped by value.
+
+cloudpickle (3.1 and later) ships a function defined in a script or in ``__main__`` by value
+and sets its code's file name to ``"<dynamic-code>"`` (so that a payload does not depend on
+where it was written).  A step that raises on a worker then shows
+``File "<dynamic-code>", line 12, in fit`` in its traceback.  The client still has the code:
+:func:`restore` maps each such frame back to the file that defines the function (by name and
+line range) and adds the source line, as Python prints it.
+
+>>> ns = {}
+>>> exec(compile("def fit(x):\\n    return x / 0\\n", "/home/me/explore.py", "exec"), ns)
+>>> tb = 'Traceback (most recent call last):\\n  File "<dynamic-code>", line 2, in fit\\nZeroDivisionError: division by zero\\n'
+>>> print(restore(tb, code_files([ns["fit"]])))
+Traceback (most recent call last):
+  File "/home/me/explore.py", line 2, in fit
+ZeroDivisionError: division by zero
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import re
+import types
+from typing import Any, Iterable
+
+__all__ = ["step_functions", "code_files", "restore", "restore_table"]
+
+_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)\s*$')
+
+
+def _unwrap(obj: Any) -> Any:
+    while True:
+        if type(obj).__name__ == "ByValue":
+            obj = obj.fn
+        elif isinstance(obj, functools.partial):
+            obj = obj.func
+        else:
+            return obj
+
+
+def step_functions(compiled: Any) -> list:
+    """Every distinct function a compiled run calls: each task's (unwrapped from ``ByValue``
+    and ``functools.partial``), and the functions and classes its globals name (one level:
+    helpers of the step's own module)."""
+    out, seen = [], set()
+    tasks = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
+    for task in tasks:
+        fn = _unwrap(getattr(task, "func", None))
+        todo = [fn]
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            glb = getattr(fn, "__globals__", {}) or {}
+            todo += [_unwrap(glb[n]) for n in code.co_names if callable(glb.get(n)) and not isinstance(glb.get(n), types.ModuleType)]
+        for f in todo:
+            if f is not None and id(f) not in seen:
+                seen.add(id(f))
+                out.append(f)
+    return out
+
+
+def code_files(functions: Iterable[Any]) -> dict[str, list[tuple[int, int, str]]]:
+    """``{code name: [(first line, last line, file name)]}`` of the functions' code (nested code
+    and methods of classes included)."""
+    files: dict[str, list[tuple[int, int, str]]] = {}
+    codes = []
+    for f in functions:
+        if isinstance(f, type):
+            codes += [getattr(m, "__code__", None) for m in vars(f).values()]
+        else:
+            codes.append(getattr(f, "__code__", None))
+    while codes:
+        c = codes.pop()
+        if not isinstance(c, types.CodeType):
+            continue
+        lines = [n for _, _, n in c.co_lines() if n is not None] or [c.co_firstlineno]
+        files.setdefault(c.co_name, []).append((c.co_firstlineno, max(lines), c.co_filename))
+        codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return files
+
+
+def restore(text: str, files: dict[str, list[tuple[int, int, str]]]) -> str:
+    """``text`` with each ``<dynamic-code>`` frame given its file (and source line) when exactly
+    one known function of that name spans that line."""
+    if not text or "<dynamic-code>" not in text:
+        return text
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = _FRAME.match(line.rstrip("\n"))
+        if m:
+            indent, n, name = m.group(1), int(m.group(2)), m.group(3)
+            hits = {f for a, b, f in files.get(name, ()) if a <= n <= b and not f.startswith("<")}
+            if len(hits) == 1:
+                filename = hits.pop()
+                out.append(f'{indent}File "{filename}", line {n}, in {name}\n')
+                src = linecache.getline(filename, n).strip()
+                if src:
+                    out.append(f"{indent}  {src}\n")
+                continue
+        out.append(line)
+    return "".join(out)
+
+
+def restore_table(table: Any, compiled: Any) -> None:
+    """Restore the ``traceback`` column of a result table in place."""
+    if table is None or "traceback" not in getattr(table, "columns", ()):
+        return
+    if not table["traceback"].astype(str).str.contains("<dynamic-code>", regex=False).any():
+        return
+    files = code_files(step_functions(compiled))
+    table["traceback"] = [restore(t, files) if isinstance(t, str) else t for t in table["traceback"]]

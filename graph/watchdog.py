@@ -1,0 +1,251 @@
+"""A run's watchdog: it ends a run that has stopped making progress, with a one-line cause and fix.
+
+Dask waits as long as it takes: workers paused by memory wait for memory that never frees,
+tasks pinned to workers that are gone wait for them to come back, a client waits for a
+scheduler that stopped answering.  A Quiver run instead ends in bounded time.
+
+Two parts, as everywhere in Quiver:
+
+* :class:`Watchdog` decides, from observations over time, whether the run is stuck and why.
+  It is pure (no cluster, no clock of its own) and tested with literal observations.
+* :class:`Sampler` is the thin part: a thread that samples the scheduler (workers, their
+  status and memory, tasks no worker can run) and the run's progress once a second, feeds
+  the :class:`Watchdog`, and calls ``on_abort(message)`` once when it says so.
+
+>>> w = Watchdog(stall_timeout=30)
+>>> w.observe(Observation(t=0, workers=2, paused=2, progress=4))
+>>> w.observe(Observation(t=20, workers=2, paused=2, progress=4)) is None
+True
+>>> print(w.observe(Observation(t=31, workers=2, paused=2, progress=4, memory=(250 * 2**20, 300 * 2**20))))
+2 of 2 workers paused by memory (the fullest at 250.00 MiB of its 300.00 MiB limit) and no task finished for 31 s: ...
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Observation", "Watchdog", "Sampler", "DEFAULT_STALL_TIMEOUT", "observe_scheduler"]
+
+#: seconds without progress (with workers paused, none connected, tasks no worker can run,
+#: or the scheduler silent) after which a run is stopped
+DEFAULT_STALL_TIMEOUT = 60.0
+
+
+def _fmt(n: float) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(int(n))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One look at the run at time ``t`` (seconds, any origin).
+
+    ``answered``: the scheduler answered this sample (when False the other fields are
+    ignored).  ``workers``: workers connected; ``paused``: how many of them Dask paused
+    for memory; ``progress``: a number that grows whenever the run finishes a task;
+    ``unrunnable``: tasks that no connected worker may run (e.g. a gang's members pinned
+    to workers that are gone); ``memory``: (process bytes, memory limit) of the fullest
+    paused worker, for the message; ``example``: one unrunnable task's key.
+    """
+
+    t: float
+    workers: int = 1
+    paused: int = 0
+    progress: float = 0
+    unrunnable: int = 0
+    answered: bool = True
+    memory: tuple[int, int] | None = None
+    example: str | None = None
+
+
+class Watchdog:
+    """Decide whether a run is stuck.  ``observe`` returns ``None``, or the message to stop with.
+
+    Each condition must hold, with no progress, for ``stall_timeout`` seconds:
+
+    * the scheduler does not answer;
+    * no worker is connected (they died, or never started);
+    * some workers are paused by memory and nothing finishes;
+    * tasks wait that no connected worker may run, and nothing finishes.
+
+    A run that is merely slow (a long step computing on a running worker) is never stopped.
+    """
+
+    def __init__(self, stall_timeout: float = DEFAULT_STALL_TIMEOUT, scheduler: str = "the scheduler"):
+        if not (isinstance(stall_timeout, (int, float)) and stall_timeout > 0):
+            raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
+        self.timeout = float(stall_timeout)
+        self.scheduler = scheduler
+        self.last_answer: float | None = None
+        self.last_progress: tuple[float, float] | None = None  # (since, value)
+        self.since: dict[str, float] = {}  # condition -> first time it was seen (continuously)
+
+    def _hold(self, name: str, now: bool, t: float) -> float:
+        """How long condition ``name`` has held continuously (0 when it does not hold now)."""
+        if not now:
+            self.since.pop(name, None)
+            return 0.0
+        return t - self.since.setdefault(name, t)
+
+    def observe(self, o: Observation) -> str | None:
+        if self.last_answer is None:
+            self.last_answer = o.t
+        if not o.answered:
+            silent = o.t - self.last_answer
+            if silent >= self.timeout:
+                return (
+                    f"{self.scheduler} has not answered for {silent:.0f} s: it is overloaded, stuck or gone. "
+                    "Check that it is running (its log, its dashboard); restart it and run again "
+                    "(stall_timeout / --stall-timeout sets how long to wait)."
+                )
+            return None
+        self.last_answer = o.t
+        if self.last_progress is None or o.progress != self.last_progress[1]:
+            self.last_progress = (o.t, o.progress)
+            self.since.clear()  # each condition counts from here, if it still holds
+        idle = o.t - self.last_progress[0]
+        none, paused, unrunnable = (
+            self._hold("no workers", o.workers == 0, o.t),
+            self._hold("paused", o.paused > 0, o.t),
+            self._hold("unrunnable", o.unrunnable > 0, o.t),
+        )
+        if idle < self.timeout:
+            return None
+        if none >= self.timeout:
+            return (
+                f"no worker has been connected to {self.scheduler} for {idle:.0f} s: the workers died or "
+                "could not start. Read the workers' log for why; start workers "
+                "(`dask worker SCHEDULER_ADDRESS`) or run without a scheduler address to use an embedded cluster."
+            )
+        if paused >= self.timeout:
+            fullest = ""
+            if o.memory is not None:
+                fullest = f" (the fullest at {_fmt(o.memory[0])} of its {_fmt(o.memory[1])} limit)"
+            return (
+                f"{o.paused} of {o.workers} workers paused by memory{fullest} and no task finished for "
+                f"{idle:.0f} s: what the workers hold (results, the libraries the steps load, and the "
+                "steps' temporaries) does not fit their memory limit. Raise the memory budget "
+                "(--memory-budget) or memory limit, use fewer workers, or make the steps produce smaller results."
+            )
+        if unrunnable >= self.timeout:
+            example = f" (e.g. {o.example!r})" if o.example else ""
+            return (
+                f"{o.unrunnable} task(s){example} have waited {idle:.0f} s for workers that are not "
+                f"connected (a training gang or a task pinned to workers that are gone, or that need "
+                f"resources no worker has), and no task finished meanwhile. Start the missing workers, "
+                "or run on a cluster whose workers can run them."
+            )
+        return None
+
+
+def observe_scheduler(dask_scheduler: Any) -> dict[str, Any]:
+    """``client.run_on_scheduler(observe_scheduler)``: workers, paused ones, unrunnable tasks."""
+    from distributed.core import Status
+
+    workers = list(dask_scheduler.workers.values())
+    paused = [ws for ws in workers if ws.status == Status.paused]
+    fullest = max(paused, key=lambda ws: ws.memory.process, default=None)
+    unrunnable = dask_scheduler.unrunnable
+    return {
+        "workers": len(workers),
+        "paused": len(paused),
+        "memory": None if fullest is None else (int(fullest.memory.process), int(fullest.memory_limit or 0)),
+        "unrunnable": len(unrunnable),
+        "example": next((str(ts.key) for ts in unrunnable), None),
+        # compute time of every task that finished, cluster-wide: grows whenever a task finishes
+        "finished": round(sum(tp.all_durations.get("compute", 0.0) for tp in dask_scheduler.task_prefixes.values()), 6),
+    }
+
+
+class Sampler:
+    """Watch a real cluster for ``Watchdog`` and call ``on_abort(message)`` once if it says so.
+
+    ``progress``: a callable returning a counter that grows as the run finishes tasks (the
+    executor's count of finished results); without one, the scheduler's own count is used.
+
+    >>> with Sampler(client, stop_run, stall_timeout=60, progress=lambda: len(done)):   # doctest: +SKIP
+    ...     run()
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        on_abort: Callable[[str], Any],
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+        *,
+        progress: Callable[[], int] | None = None,
+        interval: float | None = None,
+    ):
+        address = getattr(getattr(client, "scheduler", None), "address", None)
+        self.watchdog = Watchdog(stall_timeout, scheduler=f"the scheduler at {address}" if address else "the scheduler")
+        self.client = client
+        self.on_abort = on_abort
+        self.progress = progress
+        self.interval = interval if interval is not None else min(1.0, stall_timeout / 10)
+        self.verdict: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: Any = None
+        self._pool: Any = None
+
+    def _ask(self) -> dict | None:
+        """One answer from the scheduler, or None when it has not answered within an interval
+        (the question stays pending, so a slow scheduler is asked once at a time)."""
+        import concurrent.futures
+
+        if self._pending is None:
+            self._pending = self._pool.submit(self.client.run_on_scheduler, observe_scheduler)
+        try:
+            answer = self._pending.result(timeout=max(self.interval, 0.5))
+        except concurrent.futures.TimeoutError:
+            return None
+        except Exception:  # the connection broke: the scheduler is not answering
+            self._pending = None
+            return None
+        self._pending = None
+        return answer
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            info = self._ask()
+            if self._stop.is_set():
+                return
+            t = time.monotonic()
+            if info is None:
+                obs = Observation(t=t, answered=False)
+            else:
+                progress = self.progress() if self.progress is not None else info["finished"]
+                obs = Observation(
+                    t=t, workers=info["workers"], paused=info["paused"], progress=progress,
+                    unrunnable=info["unrunnable"], memory=info["memory"], example=info["example"],
+                )
+            verdict = self.watchdog.observe(obs)
+            if verdict is not None:
+                self.verdict = verdict
+                self.on_abort(verdict)
+                return
+
+    def start(self) -> "Sampler":
+        import concurrent.futures
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quiver-watchdog-ask")
+        self._thread = threading.Thread(target=self._loop, name="quiver-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> "Sampler":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,42 @@
+"""Estimators for tests/test_sklearn_search.py, importable by the workers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+
+
+class RecordingScaler(TransformerMixin, BaseEstimator):
+    """Centres and scales by ``factor``; every ``fit`` leaves a file in ``log_dir`` (a side
+    effect the test counts), named by the factor and the number of training rows."""
+
+    def __init__(self, log_dir=None, factor=1.0):
+        self.log_dir = log_dir
+        self.factor = factor
+
+    def fit(self, X, y=None):
+        X = np.asarray(X, dtype=float)
+        self.mean_ = X.mean(axis=0)
+        self.n_features_in_ = X.shape[1]
+        if self.log_dir:
+            name = f"fit-{self.factor}-{X.shape[0]}-{int(X.sum() * 1000) % 10**9}-{uuid.uuid4().hex}"
+            open(os.path.join(self.log_dir, name), "w").close()
+        return self
+
+    def transform(self, X):
+        return (np.asarray(X, dtype=float) - self.mean_) * self.factor
+
+
+def dict_scorer(estimator, X, y):
+    """A callable scorer returning two metrics (multi-metric by callable)."""
+    pred = estimator.predict(X)
+    return {"acc": float(np.mean(pred == y)), "err": float(np.mean(pred != y))}
+
+
+def pick_second(cv_results):
+    """A ``refit`` callable: the candidate ranked second (or the first if there is one)."""
+    order = np.argsort(cv_results["rank_test_score"], kind="stable")
+    return int(order[1] if len(order) > 1 else order[0])

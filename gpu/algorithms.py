@@ -45,10 +45,11 @@ class Timer:
     sync: float = 0.0
     samples: int = 0
     steps: int = 0
+    rounds: int = 0  # sync rounds: all-reduces of a correction (SMA) or of a gradient (S-SGD)
 
     def reset(self) -> None:
         self.compute = self.sync = 0.0
-        self.samples = self.steps = 0
+        self.samples = self.steps = self.rounds = 0
 
 
 class Algorithm:
@@ -145,7 +146,9 @@ class SMA(Algorithm):
         self.sync: PartitionedSync | None = None
         if self.partitions > 1:
             g = self.group
-            self.sync = PartitionedSync(g.num_params, self.partitions, device=g.device, dtype=g.z.dtype)
+            # SMA's corrections restate the current gap to z each round: a slice sends its latest one
+            self.sync = PartitionedSync(g.num_params, self.partitions, device=g.device, dtype=g.z.dtype,
+                                        combine="latest")
 
     def _group(self, model, replicas, config):
         return ReplicaGroup(model, replicas=replicas, config=config)
@@ -168,6 +171,7 @@ class SMA(Algorithm):
                 part = self.sync.exchange(c)
                 g.apply_central(part.dense(g.num_params, self._allreduce(part.values)))
             timer.sync += time.perf_counter() - t1
+            timer.rounds += 1
         timer.samples += x.shape[0] * x.shape[1]
         timer.steps += 1
         return losses
@@ -216,6 +220,7 @@ class SSGD(Algorithm):
                                        world_replicas=self.world * self.replicas)
         # the gradient all-reduce runs inside train_step: it counts as sync, not compute
         self.timer.compute += time.perf_counter() - t0 - (self.timer.sync - sync0)
+        self.timer.rounds += 1
         self.timer.samples += x.shape[0] * x.shape[1]
         self.timer.steps += 1
         return losses

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from .algorithms import ALGORITHMS, Algorithm
 from .replicas import replica_batches
 from .sma import SMAConfig
-from .tuning import ReplicaTuner, choose_partitions
+from .tuning import ReplicaTuner, choose_partitions, partition_limit
 
 __all__ = ["TrainConfig", "Solo", "run_member", "tune_member", "shard"]
 
@@ -112,6 +112,11 @@ class Solo:
 
     def checkpoint(self, state: dict) -> None:
         self.last = state
+
+
+def _bytes_sent(ctx: Any) -> int:
+    """Payload bytes this member's comm layer has sent so far (0 without peers)."""
+    return int(getattr(ctx, "bytes_sent", 0) or 0)
 
 
 def shard(x: Tensor, y: Tensor, rank: int, size: int) -> tuple[Tensor, Tensor]:
@@ -201,30 +206,32 @@ def run_member(
         if on_tune is not None:  # the auto-tuner's (replicas, samples/s) curve, e.g. for the dashboard
             on_tune(list(tuning))
     tuning_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    if resume is not None and resume.get("partitions") is not None:
-        partitions = resume["partitions"]
-    elif cfg.partitions != "auto":
-        partitions = cfg.partitions
-    else:
-        partitions = _auto_partitions(ctx, build, k, xs, ys, shortest, cfg, step_compute)
-    partitions_s = time.perf_counter() - t0
-    algo = build(k, partitions)
-    if resume is not None:
-        algo.restore(resume)
-
     steps = _steps_per_epoch(len(x_train), ctx.size, k, cfg.batch_size)
     if steps < 1:
         raise ValueError(
             f"train: {len(x_train)} training samples over {ctx.size} worker(s) cannot fill one step of "
             f"{k} replica(s) x batch_size={cfg.batch_size}; use fewer replicas or a smaller batch"
         )
+    t0 = time.perf_counter()
+    sync_tuning: dict = {}
+    if resume is not None and resume.get("partitions") is not None:
+        partitions = resume["partitions"]
+    elif cfg.partitions != "auto":
+        partitions = cfg.partitions
+    else:  # Ako's rule, bounded by the epoch's sync rounds (gpu.tuning.partition_limit)
+        partitions, sync_tuning = _auto_partitions(ctx, build, k, xs, ys, shortest, cfg, step_compute, steps)
+    partitions_s = time.perf_counter() - t0
+    algo = build(k, partitions)
+    if resume is not None:
+        algo.restore(resume)
+
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + ctx.rank)
     for epoch in range(start_epoch, cfg.epochs):
         if epoch in cfg.lr_drops:
             algo.drop_lr(cfg.lr_drop_factor)
             lr = algo.lr
         algo.timer.reset()
+        sent0 = _bytes_sent(ctx)
         t0 = time.perf_counter()
         losses = []
         for _, (xb, yb) in zip(range(steps), replica_batches(xs, ys, k, cfg.batch_size, generator=gen)):
@@ -234,6 +241,7 @@ def run_member(
         ev = algo.evaluate(x_test, y_test, batch_size=cfg.eval_batch_size)
         eval_s = time.perf_counter() - t0 - seconds
         timer = algo.timer
+        sent = _bytes_sent(ctx) - sent0  # the comm layer's count, the end-of-epoch flush included
         rec = {
             "epoch": epoch + 1,
             "train_loss": float(sum(losses) / max(len(losses), 1)),
@@ -242,6 +250,8 @@ def run_member(
             "samples_per_s": timer.samples * ctx.size / seconds if seconds > 0 else float("nan"),
             "compute_s": timer.compute,
             "sync_s": timer.sync,
+            "sync_rounds": timer.rounds,  # all-reduces of a correction (SMA) or gradient (S-SGD)
+            "bytes_sent": sent,  # payload bytes this member sent in the epoch
             "train_s": seconds,  # the epoch's steps, sync included
             "eval_s": eval_s,  # evaluating z on the test split
             "replicas": k,
@@ -267,6 +277,7 @@ def run_member(
         "tuning": tuning,
         "tuning_samples": tuning_samples,
         "partitions": algo.partitions,
+        "sync_tuning": sync_tuning,
         "timings": {"tuning_s": tuning_s, "partitions_s": partitions_s},
     }
 
@@ -318,22 +329,33 @@ def _tune_replicas(ctx, build, xs, ys, shortest: int, cfg: TrainConfig) -> tuple
     return tuner.best, tuner.curve, trained, compute.get(tuner.best)
 
 
-def _auto_partitions(ctx, build, k: int, xs, ys, shortest: int, cfg: TrainConfig, step_compute: float | None) -> int:
-    """Ako's rule: split the exchange when sending the whole correction costs more than the
-    compute between two syncs. The compute is measured (on a scratch copy, unless the replica
-    tuner just measured it at ``k``), averaged over members so that all choose alike."""
+def _auto_partitions(ctx, build, k: int, xs, ys, shortest: int, cfg: TrainConfig, step_compute: float | None,
+                     steps: int) -> tuple[int, dict]:
+    """Ako's rule within Ako's bound: split the exchange when sending the whole correction costs
+    more than the compute between two syncs, into no more partitions than still send every slice
+    ``exchanges_per_epoch`` times an epoch (:func:`gpu.tuning.partition_limit` of the epoch's
+    sync rounds). The compute is measured (on a scratch copy, unless the replica tuner just
+    measured it at ``k``), averaged over members so that all choose alike; the bandwidth is
+    measured on the gang's own collective (the worker-to-worker path). Returns ``p`` and the
+    record of the choice (``sync_tuning``)."""
+    if not ALGORITHMS[cfg.algorithm].partitionable:
+        return 1, {}
+    probe = build(1)
+    limit = min(partition_limit(max(steps // cfg.sync_every, 1)), probe.num_params)
     measure = getattr(ctx, "bandwidth", None)
-    if ctx.size == 1 or measure is None or not ALGORITHMS[cfg.algorithm].partitionable:
-        return 1
+    if ctx.size == 1 or measure is None or limit == 1:
+        return 1, {"limit": limit, "partitions": 1}
     if step_compute is None:
         gen = torch.Generator().manual_seed(_tuning_seed(cfg, ctx.rank))
         with _own_rng(xs):
             _, _, per_step = _measure(build(k), xs, ys, cfg, gen)
+        # every member must choose the same p: decide on the members' mean compute, not this one's
         step_compute = ctx.allreduce(torch.tensor([per_step], dtype=torch.float64)).item() / ctx.size
-    probe = build(1)
     bandwidth, latency = measure(probe.nbytes)
-    p = choose_partitions(probe.nbytes, bandwidth, latency, max(step_compute, 1e-9) * cfg.sync_every)
-    return min(p, probe.num_params)
+    per_round = max(step_compute, 1e-9) * cfg.sync_every
+    p = min(choose_partitions(probe.nbytes, bandwidth, latency, per_round, max_partitions=limit), probe.num_params)
+    return p, {"limit": limit, "bandwidth": bandwidth, "latency": latency,
+               "compute_per_round_s": per_round, "partitions": p}
 
 
 def _own_rng(x: Tensor):

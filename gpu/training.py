@@ -76,10 +76,17 @@ class _GangMember:
     def allreduce(self, t):
         return self.ctx.collective.allreduce_(t.clone())
 
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes this member's collective has sent (the comm layer's own counter)."""
+        return self.ctx.collective.bytes_sent
+
     def bandwidth(self, nbytes: int) -> tuple[float, float]:
         from .allreduce import measure_bandwidth
 
-        sizes = sorted({max(64, nbytes // 16), max(128, nbytes)})
+        # probed on the gang's own collective, i.e. the worker-to-worker links the sync uses; a
+        # quarter of the model at most, since a shaped 20 Mbit/s link takes seconds per full exchange
+        sizes = sorted({max(64 << 10, nbytes // 16), max(128 << 10, nbytes // 4)})
         profile = measure_bandwidth(self.ctx.collective, sizes, repeats=3)
         return profile.bandwidth, profile.latency
 
@@ -407,6 +414,7 @@ def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts
         "samples_per_s": float(sum(h["samples_per_s"] for h in history) / max(len(history), 1)),
         "tuning": out["tuning"],
         "partitions": out.get("partitions", 1),
+        "sync_tuning": out.get("sync_tuning", {}),
         "workers": size,
         "restarts": restarts,
         "restart_errors": out.get("restart_errors", []),

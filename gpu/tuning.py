@@ -12,7 +12,8 @@ A live loop drives it::
 (b) :func:`choose_partitions` and :class:`PartitionedSync` — after Ako (SoCC 2016): when an
 all-reduce of the whole model costs more than the compute it overlaps, exchange a rotating
 ``1/p`` partition of the flat correction vector per round and accumulate the rest, so
-nothing is lost and bandwidth use per round stays flat.
+nothing is lost and bandwidth use per round stays flat. :func:`partition_limit` bounds ``p``
+so that every partition is still exchanged often enough to keep learning.
 
 >>> tuner = ReplicaTuner(max_replicas=4)
 >>> for k, rate in [(1, 100.0), (2, 190.0), (3, 200.0)]:
@@ -36,9 +37,11 @@ __all__ = [
     "ReplicaTuner",
     "exchange_seconds",
     "choose_partitions",
+    "partition_limit",
     "partition_bounds",
     "SyncSlice",
     "PartitionedSync",
+    "COMBINES",
 ]
 
 
@@ -163,6 +166,30 @@ def choose_partitions(
     return p
 
 
+def partition_limit(rounds_per_epoch: int, exchanges_per_epoch: int = 4) -> int:
+    """The most partitions that still exchange every slice ``exchanges_per_epoch`` times an epoch.
+
+    With ``p`` partitions, slice ``i`` is sent in rounds ``i, i + p, i + 2p, ...``: each
+    slice of the central model moves once every ``p`` sync rounds and is up to ``p - 1``
+    rounds stale in between, while the replicas keep being pulled towards that stale value.
+    If ``p`` exceeds the rounds of an epoch most slices are never exchanged within it (only the
+    end-of-epoch flush moves them, all at once): measured on 2 hosts at 20 Mbit/s, ``p = 1024``
+    with 15 rounds an epoch reached 0.16 accuracy where ``p = 1`` reached 0.85. Requiring
+    ``exchanges_per_epoch`` exchanges of every slice within the rounds of one epoch gives
+    ``p * exchanges_per_epoch <= rounds_per_epoch``, so
+    ``p_max = max(1, rounds_per_epoch // exchanges_per_epoch)``: every slice is at most a
+    ``1 / exchanges_per_epoch`` fraction of an epoch stale. ``choose_partitions(...,
+    max_partitions=partition_limit(...))`` applies it; when the bandwidth rule wants more, the
+    sync no longer fits in the compute, and learning wins over overlap.
+
+    >>> partition_limit(15), partition_limit(62), partition_limit(3), partition_limit(62, exchanges_per_epoch=1)
+    (3, 15, 1, 62)
+    """
+    rounds = _int("rounds_per_epoch", rounds_per_epoch, 1, "pass the sync rounds of one epoch (steps // sync_every)")
+    per_epoch = _int("exchanges_per_epoch", exchanges_per_epoch, 1, "e.g. 4: every slice sent 4 times an epoch")
+    return max(1, rounds // per_epoch)
+
+
 def partition_bounds(numel: int, partitions: int, index: int) -> tuple[int, int]:
     """``[start, stop)`` of partition ``index`` of ``numel`` elements cut into near-equal parts.
 
@@ -197,13 +224,25 @@ class SyncSlice(NamedTuple):
         return out
 
 
-class PartitionedSync:
-    """Rotating partial exchange of a flat correction vector, losing nothing (Ako-style).
+COMBINES = ("sum", "latest")
 
-    Each :meth:`exchange` adds the new correction ``[n]`` to what is pending, takes the
-    pending values of partition ``round % p`` to send, and zeroes them. Invariant:
-    ``pending + Σ sent == Σ produced``; every element is sent once per ``p`` rounds. All
-    workers must call it in lockstep (same round, same partition) for the all-reduce.
+
+class PartitionedSync:
+    """Rotating partial exchange of a flat correction vector (Ako-style).
+
+    Each :meth:`exchange` takes the new correction ``[n]`` into what is pending, takes the
+    pending values of partition ``round % p`` to send, and zeroes them; every element is
+    sent once per ``p`` rounds. All workers must call it in lockstep (same round, same
+    partition) for the all-reduce. ``combine`` says how a correction joins what is pending:
+
+    - ``"sum"`` (Ako's accumulation, for *increments* such as gradients): pending += new, so
+      nothing is lost: ``pending + Σ sent == Σ produced``.
+    - ``"latest"`` (for *state differences* such as SMA's elastic corrections
+      ``α (w_j − z)``, which restate the whole current gap every round): pending = new, so a
+      slice carries its current correction. Summing them would apply the same gap up to
+      ``p`` times at once: measured (3 workers x 2 replicas, digits, lr 0.2), ``"sum"`` with
+      ``p = 3`` diverged (0.65 then 0.15 accuracy) where ``"latest"`` reached 0.88, 0.93, 0.95
+      (``p = 1``: 0.87, 0.92). ``gpu.train`` uses ``"latest"`` for SMA.
 
     Wiring with SMA::
 
@@ -229,7 +268,11 @@ class PartitionedSync:
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        combine: str = "sum",
     ) -> None:
+        if combine not in COMBINES:
+            raise ValueError(f"combine={combine!r}: use 'sum' (increments, e.g. gradients) or 'latest' (SMA corrections)")
+        self.combine = combine
         self.numel = _int("numel", numel, 1)
         self.partitions = _int("partitions", partitions, 1, "use choose_partitions(...) to size it")
         if partitions > numel:
@@ -244,13 +287,27 @@ class PartitionedSync:
         if not isinstance(correction, Tensor) or correction.shape != (self.numel,):
             shape = tuple(correction.shape) if isinstance(correction, Tensor) else type(correction).__name__
             raise ValueError(f"exchange: correction must be a flat tensor of shape ({self.numel},); got {shape}")
-        self.pending.add_(correction.to(self.pending.device, self.pending.dtype))
+        new = correction.to(self.pending.device, self.pending.dtype)
+        self.pending.copy_(new) if self.combine == "latest" else self.pending.add_(new)
         index = self.round % self.partitions
         start, stop = partition_bounds(self.numel, self.partitions, index)
         values = self.pending[start:stop].clone()
         self.pending[start:stop] = 0
         self.round += 1
         return SyncSlice(index, start, stop, values)
+
+    def repartition(self, partitions: int) -> "PartitionedSync":
+        """A sync cut into ``partitions`` that keeps what is pending here (nothing is lost).
+
+        >>> ps = PartitionedSync(numel=4, partitions=4, dtype=torch.float64)
+        >>> _ = ps.exchange(torch.ones(4))
+        >>> q = ps.repartition(2); q.partitions, q.pending
+        (2, tensor([0., 1., 1., 1.], dtype=torch.float64))
+        """
+        out = PartitionedSync(self.numel, partitions, device=self.pending.device, dtype=self.pending.dtype,
+                              combine=self.combine)
+        out.pending.copy_(self.pending)
+        return out
 
     def flush(self) -> Tensor:
         """Everything still pending, as ``[n]`` (then cleared): send it at a learning-rate drop or the end."""

@@ -37,6 +37,7 @@ class RowState:
     scalars: dict = field(default_factory=dict)
     iterations: int | None = None  # reports its iterative steps made (None: the run has no iterative step)
     history: list = field(default_factory=list)  # those reports (dicts of their scalar entries)
+    pruned_at: int | None = None  # the iteration a pruning choose stopped it at
 
 
 def build_table(

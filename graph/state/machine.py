@@ -379,6 +379,9 @@ class ExplorationState:
         if iteration != len(self.history[key]) + 1:
             return  # never happens with ReportChannel (in order per key); never guess a gap
         self.history[key].append(values)
+        for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
+            if tip.t.kind == "output":
+                self._dirty_outputs.add(tip.t.index)
         entries = self.prune_inputs.get(key)
         if not entries:
             return
@@ -777,7 +780,8 @@ class ExplorationState:
 
     def changes(self) -> tuple:
         """The branches whose live status, metrics or error changed since the last call, as
-        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries). With
+        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries; a run with
+        iterative steps adds ``iterations, pruned_at``, which change with every report). With
         ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
         the machine only notes which branches were touched)."""
         if not self._dirty_outputs:
@@ -789,6 +793,8 @@ class ExplorationState:
                 status = "chosen" if self.chosen(j, status) else "done"
             failed = self._failure(j)
             row = (j, status, self._metrics_of(j), failed.error if failed else None)
+            if self.iterative:  # iterative runs: reports made, and the iteration it was pruned at
+                row += (len(self.branch_history(j)), self.pruned_iteration(j))
             if self._published.get(j) != row[1:]:
                 self._published[j] = row[1:]
                 rows.append(row)
@@ -866,6 +872,7 @@ class ExplorationState:
                     has_value=tip.state == DONE,
                     iterations=len(history) if self.iterative else None,
                     history=history,
+                    pruned_at=self.pruned_iteration(j),
                 )
             )
         return rows

@@ -394,6 +394,8 @@ def execute(
         except Exception:  # the scheduler may be gone; nothing left to clean
             pass
     table, kept = build_table(compiled, rows, values, snap.get("seconds", {}))
+    if state.halving:
+        table.attrs["rungs"] = state.rung_log()  # Result.rungs: every arrival at a rung, in order
     executed = snap.get("executed", {})
     stats = {
         "naive_tasks": prepared.naive_tasks,

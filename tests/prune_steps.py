@@ -55,3 +55,8 @@ def plain(data: dict, spec: tuple, log_dir: str = "") -> dict:
     """Not iterative: the same final figures at once."""
     name, values = spec
     return {"score": values[-1], "name": name}
+
+
+def tag(data: dict, g: str) -> dict:
+    """A first explore to group by (``choose(..., per="g")``)."""
+    return dict(data, g=g)

@@ -830,6 +830,20 @@ class ExplorationState:
             text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
         return text
 
+    def rung_log(self) -> list[dict]:
+        """Every arrival at a rung of every pruning choose, in arrival order per rung:
+        ``{"choose", "group", "rung", "iteration", "input", "metric", "continued", "n"}``
+        (``input``: the branch's index among the choose's inputs; ``n``: branches at that rung
+        when it arrived, itself included).  ``Result.rungs``."""
+        out = []
+        for ci, h in self.halving.items():
+            p = h.prune
+            for (g, r), entries in h.arrivals.items():
+                for e in entries:
+                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.min_iter * p.factor**r,
+                                "input": e.branch, "metric": e.metric, "continued": e.continued, "n": e.n})
+        return out
+
     def branch_history(self, j: int) -> list[dict]:
         """Output branch ``j``'s reports: those of the iterative steps on its path, in order."""
         b = self.output_tips[j].t.branch

@@ -199,3 +199,20 @@ def test_a_worker_killed_during_a_pruning_exploration_gives_the_same_decisions(t
     assert result.value["name"] == "best" and result.table.loc[0, "iterations"] == 12
     assert result.stats["reports_replayed"] > 0 and result.stats["reports"] == result.table["iterations"].sum()
     assert [h["step"] for h in result.history[0]] == list(range(1, 13))  # no report counted twice
+
+
+def test_the_dashboard_shows_iterations_and_where_branches_were_pruned(client, tmp_path):
+    from graph.dashboard.pages import ExplorationPage
+    from tests.test_dashboard import state
+
+    result = exploration(tmp_path, delay=0.01).run(client, progress=False)
+    run = state(client)["runs"][-1]
+    t = result.table
+    assert [b["iterations"] for b in run["branches"]] == list(t["iterations"])
+    assert [b["pruned_at"] for b in run["branches"]] == [
+        int(r["iterations"]) if r["status"] == "pruned" else None for _, r in t.iterrows()]
+    page = ExplorationPage(scheduler=None)
+    page._table(run)
+    data = page.table_source.data
+    assert data["iterations"] == list(t["iterations"])
+    assert data["pruned at"] == ["" if b["pruned_at"] is None else f"iteration {b['pruned_at']}" for b in run["branches"]]

@@ -244,6 +244,7 @@ class ExplorationState:
         self._dirty_outputs: set[int] = set()
         self._published: dict[int, tuple] = {}
         self._out: list = []
+        self._answers: list = []  # rung answers, given after the batch's other instructions
 
     # ---- the entry point ------------------------------------------------------------------
     def handle(self, *events: Any) -> list:
@@ -256,6 +257,9 @@ class ExplorationState:
         if self.aborted is None:
             self._settle()
         out, self._out = self._out, []
+        if self._answers:  # last: what a stop cancels (its metric read) is cancelled before the step can return
+            out.extend(self._answers)
+            self._answers = []
         return out
 
     @property
@@ -374,7 +378,7 @@ class ExplorationState:
             given = self.rung_answers.get((key, iteration))
             if given is not None and (name, iteration) not in self.answered:
                 self.answered.add((name, iteration))  # a recompute copy waits under its own name
-                self._out.append(Answer(name, iteration, given))
+                self._answers.append(Answer(name, iteration, given))
             return
         if iteration != len(self.history[key]) + 1:
             return  # never happens with ReportChannel (in order per key); never guess a gap
@@ -403,7 +407,7 @@ class ExplorationState:
             self.rungs_answered += 1
             self.rung_answers[(key, iteration)] = given
             self.answered.add((name, iteration))
-            self._out.append(Answer(name, iteration, given))
+            self._answers.append(Answer(name, iteration, given))
         if stop is not None:
             self.pruned_at[key] = (stop.rung, iteration)
             if self.current.get(key, key) in self.held and key not in self.finished:

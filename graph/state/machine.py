@@ -7,7 +7,10 @@ these metrics, release or cancel these results, show this, stop), the way
 submit and with which priority (depth-first up to the next choose), what to hold and
 release, what to recompute under a distinct name (``<key>~againN``), what each choose
 keeps (:func:`graph.ranking.decide`), when the same metric mistake stops the run, and
-every branch's status. The driver (``graph.executor``) only talks to the Client.
+every branch's status; and, for iterative steps, their reports and the pruning choose's
+halving rule (:class:`graph.pruning.Halving`): a :class:`Report` at a rung is answered with
+an :class:`Answer`, a pruned branch's step is stopped (docs/architecture.md §7.2). The
+driver (``graph.executor``) only talks to the Client.
 
 Every event costs time in what it touches, never a scan over all branches: the machine
 keeps, per key, how many unresolved live targets still need it (the rule for releasing),

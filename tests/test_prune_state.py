@@ -270,3 +270,23 @@ def test_a_metric_read_of_a_stopped_step_is_a_quiet_nan():
 
     metric, scalars = extract_metric(Pruned(2, {"score": 0.3}), "score", "choose('score')")
     assert math.isnan(metric) and scalars == {}
+
+
+def test_steps_after_a_pruning_choose_run_for_the_kept_branch_only():
+    node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
+    c = node.choose("score", prune=halving(factor=2)).then(ps.tag, g="z").compile()
+    ka, kb = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    first = s.handle(Start())
+    assert all(k not in first[0].tasks for k in (c.branches[0].key, c.branches[1].key))  # behind the choose
+    s.handle(Report(kb, 1, {"score": 0.5}))
+    assert s.handle(Report(ka, 1, {"score": 0.1}))[-1] == Answer(ka, 1, "stop")
+    s.handle(TaskFinished(ka))
+    for it, v in ((2, 0.6), (3, 0.7), (4, 0.8)):
+        s.handle(Report(kb, it, {"score": v}))
+    out = finish(s, c, 1, 0.8)
+    submits = [x for x in out if isinstance(x, Submit)]
+    assert [list(x.tasks) for x in submits] == [[c.branches[1].key]]  # the pruned branch's next step never runs
+    assert isinstance(s.handle(TaskFinished(c.branches[1].key))[-1], Finished)
+    rows = s.rows()
+    assert [(r.status, r.chosen, r.iterations) for r in rows] == [("pruned", False, 1), ("ok", True, 4)]

@@ -330,36 +330,51 @@ def run_dask_per_branch(cfg, client):
     return wall, scores, {"executed_tasks": len(ts.data), "compute_work_s": sum(sec.values())}
 
 
-def run_sklearn(cfg, X, y):
+def timed_sklearn_search(make_pipeline, grid, cfg, X, y):
+    """scikit-learn at its best: ``GridSearchCV(Pipeline(memory=joblib.Memory(...)))``, 2 jobs,
+    one BLAS thread each, a fresh cache per run (so every run pays its own prefix work).
+    Returns (wall seconds of ``fit``, the fitted search)."""
     import joblib
     from sklearn.model_selection import GridSearchCV
     from threadpoolctl import threadpool_limits
 
     cache = tempfile.mkdtemp(prefix="quiver-bench-sk-")
     try:
-        search = GridSearchCV(
-            sklearn_pipeline(memory=joblib.Memory(cache, verbose=0)),
-            sklearn_grid(cfg),
-            cv=predefined_split(cfg),
-            refit=False,
-            n_jobs=2,
-            error_score="raise",
-            return_train_score=False,
-        )
+        search = GridSearchCV(make_pipeline(memory=joblib.Memory(cache, verbose=0)), grid,
+                              cv=predefined_split(cfg), refit=False, n_jobs=2, error_score="raise",
+                              return_train_score=False)
         with threadpool_limits(limits=1):
             t0 = time.perf_counter()
             search.fit(X, y)
             wall = time.perf_counter() - t0
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    return wall, search
+
+
+def persist_once(client, X):
+    """dask-ml at its best: X goes to the cluster once, as a persisted single-chunk dask array
+    (timed by the caller), rather than as a numpy array embedded in the graph (dask warns
+    "Sending large graph"; it measured ~1.7x slower here)."""
+    import dask.array as da
+    from distributed import wait
+
+    with warnings.catch_warnings():  # the one intended transfer of X: not a "large graph" mistake
+        warnings.filterwarnings("ignore", message="Sending large graph")
+        Xd = client.persist(da.from_array(X, chunks=X.shape))
+        wait(Xd)
+    return Xd
+
+
+def run_sklearn(cfg, X, y):
+    wall, search = timed_sklearn_search(sklearn_pipeline, sklearn_grid(cfg), cfg, X, y)
     n_fits = len(search.cv_results_["params"]) * search.n_splits_
     return wall, cv_scores(search.cv_results_), {"fits": n_fits}
 
 
 def run_dask_ml(cfg, X, y, client):
-    import dask.array as da
     from dask_ml.model_selection import GridSearchCV
-    from distributed import get_task_stream, wait
+    from distributed import get_task_stream
 
     search = GridSearchCV(
         sklearn_pipeline(),
@@ -372,13 +387,7 @@ def run_dask_ml(cfg, X, y, client):
     )
     with get_task_stream(client) as ts:
         t0 = time.perf_counter()
-        # At its best: X goes to the cluster once, as a persisted single-chunk dask array
-        # (this transfer is timed), rather than as a numpy array embedded in the graph
-        # (dask warns "Sending large graph"; it measured ~1.7x slower here).
-        with warnings.catch_warnings():  # the one intended transfer of X: not a "large graph" mistake
-            warnings.filterwarnings("ignore", message="Sending large graph")
-            Xd = client.persist(da.from_array(X, chunks=X.shape))
-            wait(Xd)
+        Xd = persist_once(client, X)  # timed: the transfer is part of dask-ml's work
         search.fit(Xd, y)
         wall = time.perf_counter() - t0
     del Xd
@@ -490,35 +499,17 @@ def _scaler_scores(cv_results):
 
 
 def run_sklearn_scalers(cfg, X, y):
-    import joblib
-    from sklearn.model_selection import GridSearchCV
-    from threadpoolctl import threadpool_limits
-
-    cache = tempfile.mkdtemp(prefix="quiver-bench-sk-")
-    try:
-        search = GridSearchCV(_sk_scaler_pipeline(memory=joblib.Memory(cache, verbose=0)), _sk_scalers(cfg),
-                              cv=predefined_split(cfg), refit=False, n_jobs=2, error_score="raise")
-        with threadpool_limits(limits=1):
-            t0 = time.perf_counter()
-            search.fit(X, y)
-            wall = time.perf_counter() - t0
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    wall, search = timed_sklearn_search(_sk_scaler_pipeline, _sk_scalers(cfg), cfg, X, y)
     return wall, _scaler_scores(search.cv_results_), {"fits": len(search.cv_results_["params"])}
 
 
 def run_dask_ml_scalers(cfg, X, y, client):
-    import dask.array as da
     from dask_ml.model_selection import GridSearchCV
-    from distributed import wait
 
     search = GridSearchCV(_sk_scaler_pipeline(), _sk_scalers(cfg), cv=predefined_split(cfg), refit=False,
                           error_score="raise", scheduler=client)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sending large graph")
-        Xd = client.persist(da.from_array(X, chunks=X.shape))
-        wait(Xd)
+    Xd = persist_once(client, X)
     search.fit(Xd, y)
     wall = time.perf_counter() - t0
     return wall, _scaler_scores(search.cv_results_), {}

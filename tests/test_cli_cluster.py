@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.digits_expect import assert_first_digits_run, assert_rerun_loads_everything
+
 ROOT = Path(__file__).resolve().parents[1]
 DASK = str(Path(sys.executable).with_name("dask"))
 PROTOCOL = "ucxx" if importlib.util.find_spec("distributed_ucxx") is not None else "tcp"
@@ -107,18 +109,13 @@ def test_digits_exploration_through_a_store_on_the_cli_cluster(cluster, tmp_path
     out = quiver(example, "--scheduler", cluster["address"], "--store", str(store), "--json", str(first))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"running on scheduler {cluster['address']}" in out.stderr
-    data = json.loads(first.read_text())
-    rows, stats = data["table"], data["stats"]
-    assert len(rows) == 63 and stats["executed_tasks"] == 1 + 3 + 9 + 63 + 1
-    chosen = [r for r in rows if r["chosen"]]
-    assert len(chosen) == 1 and chosen[0]["accuracy"] == max(r["accuracy"] for r in rows)
-    assert stats["saved_to_store"] == stats["executed_tasks"] + 63  # every step and every metric
+    rows = assert_first_digits_run(json.loads(first.read_text()))
 
     # run again: both worker processes read the store the first run wrote; nothing is recomputed
     out = quiver(example, "--scheduler", cluster["address"], "--store", str(store), "--json", str(second))
     assert out.returncode == 0, out.stderr[-3000:]
     again = json.loads(second.read_text())
-    assert again["stats"]["executed_tasks"] == 0 and again["stats"]["loaded_from_store"] == 63 + 1
+    assert_rerun_loads_everything(again["stats"])
     assert "results loaded" in out.stdout
     keep = ["scaler", "pca.n_components", "model", "accuracy", "status", "chosen", "test_accuracy"]
     assert [{k: r.get(k) for k in keep} for r in again["table"]] == [{k: r.get(k) for k in keep} for r in rows]

@@ -831,11 +831,14 @@ class ExplorationState:
     def pruning_line(self) -> str:
         """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part)."""
         at: Counter = Counter(r for r, _ in self.pruned_at.values())
-        reports = sum(len(h) for h in self.history.values())
-        text = f"reports {reports}, rungs {self.rungs_answered}"
+        text = f"reports {self.report_count()}, rungs {self.rungs_answered}"
         if at:
             text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
         return text
+
+    def report_count(self) -> int:
+        """Reports taken so far (each iteration of each key once: replays are not counted)."""
+        return sum(len(h) for h in self.history.values())
 
     def rung_log(self) -> list[dict]:
         """Every arrival at a rung of every pruning choose, in arrival order per rung:

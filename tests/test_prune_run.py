@@ -235,6 +235,7 @@ def test_the_dashboard_shows_iterations_and_where_branches_were_pruned(client, t
     data = page.table_source.data
     assert data["iterations"] == list(t["iterations"])
     assert data["pruned at"] == ["" if b["pruned_at"] is None else f"iteration {b['pruned_at']}" for b in run["branches"]]
+    assert data["last report"] == [result.history[i][-1]["score"] for i in t.index]  # the curve's latest point
 
 
 def test_pruning_under_a_memory_budget_with_a_sampling_pass(client, tmp_path):

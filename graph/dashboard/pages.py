@@ -88,6 +88,8 @@ def tree_layout(branches: list[dict], root: str) -> dict:
                 info += f"  pruned at iteration {b['pruned_at']}"
             elif b.get("iterations"):
                 info += f"  {b['iterations']} iterations"
+            if isinstance(b.get("last_report"), (int, float)):
+                info += f" (last report {b['last_report']:.4g})"
             if b.get("error"):
                 info += f"  {b['error'][:120]}"
         else:
@@ -246,7 +248,7 @@ class ExplorationPage(_RunPage):
         data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
         iterative = any(b.get("iterations") is not None for b in run["branches"])
         if iterative:  # iterative steps (docs/architecture.md §7): reports made, where pruned
-            data["iterations"], data["pruned at"] = [], []
+            data["iterations"], data["pruned at"], data["last report"] = [], [], []
         for col in [f"e:{e}" for e in explores] + [f"p:{p}" for p in params] + [f"m:{m}" for m in metrics]:
             data[col] = []
         for b in run["branches"]:
@@ -257,6 +259,8 @@ class ExplorationPage(_RunPage):
             if iterative:
                 data["iterations"].append(b.get("iterations") or 0)
                 data["pruned at"].append("" if b.get("pruned_at") is None else f"iteration {b['pruned_at']}")
+                last = b.get("last_report")
+                data["last report"].append(float(last) if isinstance(last, (int, float)) else math.nan)
             for e in explores:
                 data[f"e:{e}"].append(b["labels"].get(e, ""))
             for p in params:
@@ -274,6 +278,7 @@ class ExplorationPage(_RunPage):
         ]
         if iterative:
             columns += [TableColumn(field=c, title=c) for c in ("iterations", "pruned at")]
+            columns.append(TableColumn(field="last report", title="last report", formatter=NumberFormatter(format="0.0000")))
         columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
         if [c.field for c in self.table.columns] != [c.field for c in columns]:
             self.table.columns = columns

@@ -301,6 +301,7 @@ class QuiverDashboard(SchedulerPlugin):
                     "key": b["key"],
                     "iterations": b.get("iterations"),
                     "pruned_at": b.get("pruned_at"),
+                    "last_report": b["curve"][-1] if b.get("curve") else None,  # the curve metric's latest
                 }
             )
         counts = {s: 0 for s in STATUSES}

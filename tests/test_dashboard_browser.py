@@ -195,7 +195,7 @@ const D = window.Bokeh && Bokeh.documents[0];
 const out = {title: null, lines: 0, marks: 0, rungs: []};
 if (D) for (const m of D.all_models) {
   if (typeof m.text === "string" && m.text.startsWith("Reports:")) out.title = m.text;
-  if (m.data && m.data.xs && m.data.dash && m.data.dash.includes("dashed")) out.lines = m.data.xs.length;
+  if (m.data && m.data.xs && m.data.label && m.data.label.some(l => l.endsWith("(pruned)"))) out.lines = m.data.xs.length;
   if (m.data && m.data.x && m.data.label && m.data.label.some(l => l.includes("pruned at iteration"))) out.marks = m.data.x.length;
   if (m.data && m.data.x0 && !m.data.xs) out.rungs = Array.from(m.data.x0);
 }

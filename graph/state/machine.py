@@ -390,7 +390,7 @@ class ExplorationState:
             return  # never happens with ReportChannel (in order per key); never guess a gap
         self.history[key].append(values)
         if self.curve_choose is not None:
-            self.curves[key].append(self._curve_metric(values))
+            self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
             if tip.t.kind == "output":
                 self._dirty_outputs.add(tip.t.index)
@@ -422,27 +422,19 @@ class ExplorationState:
                 self.stopping.add(key)  # held until it returns Pruned: its worker time is measured
             self._stop(key)
 
-    def _report_metric(self, ci: int, values: dict) -> float:
-        """The choose metric of one report (NaN, never continuing, when the report lacks it: warned once)."""
+    def _report_metric(self, ci: int, values: dict, warn: bool = True) -> float:
+        """The choose metric of one report (NaN, never continuing, when the report lacks it:
+        warned once per choose; ``warn=False`` for the dashboard's curves, which only show it)."""
         spec = self.c.chooses[ci].spec
         try:
-            return extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0]
+            return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
         except Exception as exc:  # a user's callable metric may raise anything
-            if ci not in self.report_alarm:
+            if warn and ci not in self.report_alarm:
                 self.report_alarm.add(ci)
                 self._out.append(Warn(
                     f"choose({spec.metric_name!r}, prune=...): a report gives no metric ({type(exc).__name__}: {exc}); "
                     "such branches are pruned at their first rung. Yield the metric in every report."
                 ))
-            return float("nan")
-
-    def _curve_metric(self, values: dict) -> float:
-        """The curve choose's metric of one report, for the dashboard (NaN when it has none:
-        quietly, a pruning choose warns about it in ``_report_metric``)."""
-        spec = self.c.chooses[self.curve_choose].spec
-        try:
-            return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
-        except Exception:  # a user's callable metric may raise anything
             return float("nan")
 
     def _stop(self, key: str) -> None:

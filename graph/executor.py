@@ -272,7 +272,7 @@ def _iterative_stats(state: ExplorationState, driver: ExplorationDriver) -> dict
     """``reports``, ``rungs`` (answers given), ``pruned_branches``, ``time_to_first_rung_s``
     (first submission to the first rung answer) and ``reports_replayed``."""
     return {
-        "reports": sum(len(h) for h in state.history.values()),
+        "reports": state.report_count(),
         "rungs": state.rungs_answered,
         "pruned_branches": len(state.pruned_at),
         "time_to_first_rung_s": driver.first_rung,
@@ -344,6 +344,7 @@ def execute(
             sampler = Sampler(
                 client, lambda reason: driver.abort(RunError(reason)), stall_timeout,
                 progress=lambda: state.progress()["tasks_done"],
+                reports=state.report_count,  # a reporting step is progress (Watchdog's docs)
             ).start()
 
         def snapshot() -> dict:

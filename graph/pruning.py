@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from .ranking import sort_key
 from .spec import PruneSpec
 
-__all__ = ["Continue", "Stop", "Decision", "Halving", "RungEntry"]
+__all__ = ["Continue", "Stop", "Decision", "Halving", "RungEntry", "curve_choose"]
 
 
 @dataclass(frozen=True)
@@ -127,3 +127,21 @@ class Halving:
     def stopped(self, branch: int) -> Stop | None:
         """The ``Stop`` a branch got, if any."""
         return self._stopped.get(branch)
+
+
+def curve_choose(chooses) -> int | None:
+    """The choose whose metric a run's report curves show (the dashboard's rungs view): the
+    first pruning choose (its rungs are the ones drawn), else the last choose (the one the
+    dashboard's "best" reads), else ``None`` (no metric to draw).  ``chooses``: the compiled
+    ``ChoosePoint`` list (``.index``, ``.spec.prune``).
+
+    >>> from types import SimpleNamespace as NS
+    >>> plain, pruning = NS(index=0, spec=NS(prune=None)), NS(index=1, spec=NS(prune=PruneSpec()))
+    >>> curve_choose([plain, pruning]), curve_choose([plain]), curve_choose([])
+    (1, 0, None)
+    """
+    chooses = list(chooses)
+    first = next((cp.index for cp in chooses if cp.spec.prune is not None), None)
+    if first is not None:
+        return first
+    return chooses[-1].index if chooses else None

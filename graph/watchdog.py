@@ -17,7 +17,7 @@ Two parts, as everywhere in Quiver:
 >>> w.observe(Observation(t=20, workers=2, paused=2, progress=4)) is None
 True
 >>> print(w.observe(Observation(t=31, workers=2, paused=2, progress=4, memory=(250 * 2**20, 300 * 2**20))))
-2 of 2 workers paused by memory (the fullest at 250.00 MiB of its 300.00 MiB limit) and no task finished for 31 s: ...
+2 of 2 workers paused by memory (the fullest at 250.00 MiB of its 300.00 MiB limit) and no task finished or reported for 31 s: ...
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Observation:
     answered: bool = True
     memory: tuple[int, int] | None = None
     example: str | None = None
+    reports: float = 0
 
 
 class Watchdog:
@@ -73,6 +74,26 @@ class Watchdog:
     * tasks wait that no connected worker may run, and nothing finishes.
 
     A run that is merely slow (a long step computing on a running worker) is never stopped.
+
+    **Progress** is a finished task *or a new report* of an iterative step.  A step that
+    reports is computing: a long first epoch on a worker Dask paused by memory (pausing stops
+    new tasks, not the running one), or branches training while a gang waits for workers
+    that are gone, keep the run going, and each of those conditions counts from the last
+    report as from the last finished task; once the reporting steps end, the conditions that
+    still hold stop the run ``stall_timeout`` later.  Reports reset the paused, unrunnable
+    and no-worker conditions alike (one notion of progress; a report in flight from a worker
+    that just left is harmless: the no-worker clock restarts once).  They do **not** reset
+    the silent scheduler: reports travel one way on the workers' batched streams, which keep
+    flowing from a scheduler that cannot answer a request, while the run needs answered
+    requests (submissions, gathers, and the rung answers that iterative steps wait for).
+    Replays of a restarted step are not new reports (the run counts each iteration once),
+    so a step that keeps restarting does not pass for progress.
+
+    >>> w = Watchdog(stall_timeout=10)
+    >>> [w.observe(Observation(t=t, paused=1, progress=0, reports=t // 5)) for t in (0, 9, 18)]
+    [None, None, None]
+    >>> w.observe(Observation(t=30, paused=1, progress=0, reports=3)) is None   # 12 s since the last report
+    False
     """
 
     def __init__(self, stall_timeout: float = DEFAULT_STALL_TIMEOUT, scheduler: str = "the scheduler"):
@@ -81,7 +102,7 @@ class Watchdog:
         self.timeout = float(stall_timeout)
         self.scheduler = scheduler
         self.last_answer: float | None = None
-        self.last_progress: tuple[float, float] | None = None  # (since, value)
+        self.last_progress: tuple[float, tuple] | None = None  # (since, (progress, reports))
         self.since: dict[str, float] = {}  # condition -> first time it was seen (continuously)
 
     def _hold(self, name: str, now: bool, t: float) -> float:
@@ -104,8 +125,9 @@ class Watchdog:
                 )
             return None
         self.last_answer = o.t
-        if self.last_progress is None or o.progress != self.last_progress[1]:
-            self.last_progress = (o.t, o.progress)
+        mark = (o.progress, o.reports)  # a finished task or a new report (see the class docs)
+        if self.last_progress is None or mark != self.last_progress[1]:
+            self.last_progress = (o.t, mark)
             self.since.clear()  # each condition counts from here, if it still holds
         idle = o.t - self.last_progress[0]
         none, paused, unrunnable = (
@@ -126,7 +148,7 @@ class Watchdog:
             if o.memory is not None:
                 fullest = f" (the fullest at {_fmt(o.memory[0])} of its {_fmt(o.memory[1])} limit)"
             return (
-                f"{o.paused} of {o.workers} workers paused by memory{fullest} and no task finished for "
+                f"{o.paused} of {o.workers} workers paused by memory{fullest} and no task finished or reported for "
                 f"{idle:.0f} s: what the workers hold (results, the libraries the steps load, and the "
                 "steps' temporaries) does not fit their memory limit. Raise the memory budget "
                 "(--memory-budget) or memory limit, use fewer workers, or make the steps produce smaller results."
@@ -136,7 +158,7 @@ class Watchdog:
             return (
                 f"{o.unrunnable} task(s){example} have waited {idle:.0f} s for workers that are not "
                 f"connected (a training gang or a task pinned to workers that are gone, or that need "
-                f"resources no worker has), and no task finished meanwhile. Start the missing workers, "
+                f"resources no worker has), and no task finished or reported meanwhile. Start the missing workers, "
                 "or run on a cluster whose workers can run them."
             )
         return None
@@ -166,6 +188,8 @@ class Sampler:
 
     ``progress``: a callable returning a counter that grows as the run finishes tasks (the
     executor's count of finished results); without one, the scheduler's own count is used.
+    ``reports``: a callable returning the run's count of reports taken (new iterations of
+    its iterative steps; ``Observation.reports``); without one, reports are not watched.
 
     >>> with Sampler(client, stop_run, stall_timeout=60, progress=lambda: len(done)):   # doctest: +SKIP
     ...     run()
@@ -178,6 +202,7 @@ class Sampler:
         stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         *,
         progress: Callable[[], int] | None = None,
+        reports: Callable[[], int] | None = None,
         interval: float | None = None,
     ):
         address = getattr(getattr(client, "scheduler", None), "address", None)
@@ -185,6 +210,7 @@ class Sampler:
         self.client = client
         self.on_abort = on_abort
         self.progress = progress
+        self.reports = reports
         self.interval = interval if interval is not None else min(1.0, stall_timeout / 10)
         self.verdict: str | None = None
         self._stop = threading.Event()
@@ -222,6 +248,7 @@ class Sampler:
                 obs = Observation(
                     t=t, workers=info["workers"], paused=info["paused"], progress=progress,
                     unrunnable=info["unrunnable"], memory=info["memory"], example=info["example"],
+                    reports=self.reports() if self.reports is not None else 0,
                 )
             verdict = self.watchdog.observe(obs)
             if verdict is not None:

@@ -344,3 +344,66 @@ def test_a_runs_record_shares_what_its_branches_have_in_common():
     assert a["choices"]["model"] == "svc(C=0)" and b["params"] == {"model.C": 1}
     assert plugin.branches_of("standard-0") == [("r", 0), ("r", 1), ("r", 2)]
     assert plugin.branches_of("fit-2") == [("r", 2)]
+
+
+def test_report_curves_travel_as_deltas_under_the_throttle():
+    """An iterative run's rows carry each branch's whole report curve (the state machine's
+    ``changes()``); the publisher sends only the points not sent before (``curve``, from
+    ``curve_at``), so what a throttled branch made meanwhile still arrives, once."""
+    from types import SimpleNamespace
+
+    import graph.dashboard.protocol as events
+
+    now = [100.0]
+    sent = []
+    compiled = SimpleNamespace(branches=[object(), object()])
+    pub = events.ExplorationPublisher(FakeClient(), "r", compiled, interval=0.5, share=0.05, clock=lambda: now[0],
+                                      naive_tasks=2, unique_tasks=2)
+    pub._send = sent.append
+    pub.update([(0, "running", {}, None, 2, None, (0.5, 0.6)), (1, "running", {}, None, 1, None, (0.2,))])
+    assert [(b["id"], b["curve"], b["curve_at"], b["iterations"]) for b in sent[0]["branches"]] == [
+        (0, [0.5, 0.6], 0, 2), (1, [0.2], 0, 1)]
+    now[0] += 0.1  # throttled: both rows are queued, the later one replaces the earlier
+    pub.update([(0, "running", {}, None, 3, None, (0.5, 0.6, 0.7))])
+    pub.update([(0, "running", {}, None, 4, None, (0.5, 0.6, 0.7, float("nan")))])
+    assert len(sent) == 1
+    now[0] += 1.0
+    pub.update([(1, "pruned", {}, None, 1, 1, (0.2,))])
+    by_id = {b["id"]: b for b in sent[1]["branches"]}
+    assert (by_id[0]["curve"], by_id[0]["curve_at"]) == ([0.7, None], 2)  # NaN travels as null
+    assert "curve" not in by_id[1] and by_id[1]["pruned_at"] == 1  # nothing new on its curve
+
+
+def test_the_plugin_keeps_report_curves_and_draws_rungs_and_pruned_ends():
+    from graph.dashboard import QuiverDashboard
+    from graph.dashboard.pages import TrainingPage
+    from graph.dashboard.protocol import EXPLORATION_TOPIC
+
+    plugin = QuiverDashboard()
+    prune = {"factor": 3, "min_iter": 1, "max_iter": None}
+    plugin.log_event(EXPLORATION_TOPIC, {
+        "kind": "start", "run": "r", "name": "curves", "curve_choose": 1,
+        "chooses": [{"index": 0, "metric": "other", "mode": "max", "prune": None},
+                    {"index": 1, "metric": "score", "mode": "max", "prune": prune}],
+        "branches": [{"id": i, "key": f"k{i}", "choices": [["c", f"n{i}", {}]], "lineage": [f"k{i}"]} for i in range(3)],
+    })
+    run = plugin.runs["r"]
+    assert plugin.curves_view(run) is None  # nothing reported yet
+    upd = lambda *bs: plugin.log_event(EXPLORATION_TOPIC, {"kind": "update", "run": "r", "branches": list(bs)})  # noqa: E731
+    upd({"id": 0, "status": "running", "iterations": 2, "curve": [0.5, 0.6], "curve_at": 0},
+        {"id": 1, "status": "running", "iterations": 1, "curve": [0.2], "curve_at": 0})
+    upd({"id": 0, "status": "running", "iterations": 4, "curve": [0.7, 0.8], "curve_at": 2},
+        {"id": 1, "status": "pruned", "iterations": 1, "pruned_at": 1})
+    upd({"id": 0, "status": "running", "iterations": 4, "curve": (0.8,), "curve_at": 3})  # resent (msgpack: a tuple)
+    view = plugin.curves_view(run)
+    assert view["metric"] == "score" and view["rungs"] == [1, 3]  # PruneSpec.rungs up to the longest curve
+    assert [(b["id"], b["curve"], b["pruned_at"]) for b in view["branches"]] == [
+        (0, [0.5, 0.6, 0.7, 0.8], None), (1, [0.2], 1)]
+    assert plugin.snapshot("r")["runs"][0]["curves"] == view  # the JSON endpoint carries them
+    page = TrainingPage(scheduler=None)
+    line = page.show_reports(view)
+    assert page.reports.visible and "score" in page.reports.title.text and "rungs at iterations 1, 3" in line
+    marks = page.report_sources["marks"].data
+    assert (marks["x"], marks["y"]) == ([1], [0.2])  # the pruned branch ends with an x where it stopped
+    assert page.report_sources["lines"].data["dash"] == ["solid", "dashed"]
+    assert page.report_sources["rungs"].data["x0"] == [1, 3]

@@ -188,3 +188,34 @@ def test_training_page_shows_curves_of_each_training_branch(client, browser):
     browser.get(base + "/quiver-exploration")
     chosen = int(box["result"].chosen.index[0])
     wait_for(browser, lambda s: f"Chosen: #{chosen}" in s, what="the chosen training branch")
+
+
+REPORTS = """
+const D = window.Bokeh && Bokeh.documents[0];
+const out = {title: null, lines: 0, marks: 0, rungs: []};
+if (D) for (const m of D.all_models) {
+  if (typeof m.text === "string" && m.text.startsWith("Reports:")) out.title = m.text;
+  if (m.data && m.data.xs && m.data.label && m.data.label.some(l => l.endsWith("(pruned)"))) out.lines = m.data.xs.length;
+  if (m.data && m.data.x && m.data.label && m.data.label.some(l => l.includes("pruned at iteration"))) out.marks = m.data.x.length;
+  if (m.data && m.data.x0 && !m.data.xs) out.rungs = Array.from(m.data.x0);
+}
+return out;
+"""
+
+
+def test_training_page_draws_report_curves_rungs_and_pruned_ends(client, browser, tmp_path):
+    from tests.test_prune_run import exploration  # scripted curves under halving(factor=3)
+
+    base = client.dashboard_link.rsplit("/", 1)[0]
+    t, box = start_run(exploration(tmp_path, delay=0.1), client)
+    open_page(browser, base + "/quiver-training")
+    t.join(60)
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    pruned = int((result.table["status"] == "pruned").sum())
+    text = wait_for(browser, lambda s: "6 branch(es) reported score" in s and f"{pruned} pruned" in s,
+                    what="the report curves of the pruning run")
+    assert "rungs at iterations 1, 3, 9" in text
+    drawn = browser.execute_script(REPORTS)  # the figure draws on a canvas: ask BokehJS what it holds
+    assert drawn["title"].startswith("Reports: score (max) per iteration")
+    assert drawn["lines"] == 6 and drawn["marks"] == pruned and drawn["rungs"] == [1, 3, 9]

@@ -202,12 +202,31 @@ def test_a_worker_killed_during_a_pruning_exploration_gives_the_same_decisions(t
 
 
 def test_the_dashboard_shows_iterations_and_where_branches_were_pruned(client, tmp_path):
-    from graph.dashboard.pages import ExplorationPage
-    from tests.test_dashboard import state
+    """The exploration page's columns, and the training page's report curves: live while the
+    run goes, then each branch's reports of the choose metric, the rungs, and an x where each
+    pruned branch stopped (the JSON endpoint, polled during the run, and the page's sources)."""
+    from graph.dashboard.pages import ExplorationPage, TrainingPage
+    from tests.test_dashboard import run_watching, state
 
-    result = exploration(tmp_path, delay=0.01).run(client, progress=False)
+    result, seen = run_watching(client, exploration(tmp_path, delay=0.15))  # ~2 s: several updates
     run = state(client)["runs"][-1]
     t = result.table
+    # live: while the run was running, the endpoint already showed curves of reports made so far
+    live = [r["curves"] for s in seen for r in s.get("runs", ())
+            if r["run"] == run["run"] and r["state"] == "running" and r.get("curves")]
+    assert live, "no report curve was shown while the run ran"
+    assert any(len(b["curve"]) < t.loc[b["id"], "iterations"] for c in live for b in c["branches"])
+    # after: every branch's curve is its history's metric; the rungs of halving(factor=3) up to 12
+    curves = run["curves"]
+    assert curves["metric"] == "score" and curves["rungs"] == [1, 3, 9]
+    assert {b["id"]: b["curve"] for b in curves["branches"]} == {
+        i: [h["score"] for h in result.history[i]] for i in t.index}
+    page = TrainingPage(scheduler=None)
+    page.show_reports(curves)
+    marks = page.report_sources["marks"].data
+    pruned = t[t["status"] == "pruned"]
+    assert len(pruned) and sorted(marks["x"]) == sorted(pruned["iterations"])
+    assert sorted(marks["y"]) == sorted(result.history[i][-1]["score"] for i in pruned.index)
     assert [b["iterations"] for b in run["branches"]] == list(t["iterations"])
     assert [b["pruned_at"] for b in run["branches"]] == [
         int(r["iterations"]) if r["status"] == "pruned" else None for _, r in t.iterrows()]
@@ -216,6 +235,7 @@ def test_the_dashboard_shows_iterations_and_where_branches_were_pruned(client, t
     data = page.table_source.data
     assert data["iterations"] == list(t["iterations"])
     assert data["pruned at"] == ["" if b["pruned_at"] is None else f"iteration {b['pruned_at']}" for b in run["branches"]]
+    assert data["last report"] == [result.history[i][-1]["score"] for i in t.index]  # the curve's latest point
 
 
 def test_pruning_under_a_memory_budget_with_a_sampling_pass(client, tmp_path):

@@ -123,7 +123,7 @@ def test_workers_paused_by_memory_end_the_run_with_a_clear_error():
             node.run(c, progress=False, stall_timeout=5)
         took = time.monotonic() - t0
     msg = str(e.value)
-    assert "paused by memory" in msg and "no task finished for" in msg and "memory budget" in msg
+    assert "paused by memory" in msg and "no task finished or reported for" in msg and "memory budget" in msg
     assert "\n" not in msg
     assert took < 120  # bounded (generous: the machine is shared)
 
@@ -136,3 +136,30 @@ def test_a_scheduler_without_workers_ends_the_run_instead_of_waiting():
             Client(cl) as c:
         with pytest.raises(RunError, match="no worker has been connected .* for [0-9]+ s: the workers died or could not start"):
             node.run(c, progress=False, stall_timeout=3)
+
+
+def test_reports_are_progress_for_paused_and_unrunnable_but_not_for_a_silent_scheduler():
+    """A step that reports is computing: a long first epoch on a paused worker, or branches
+    training while a gang waits for workers that are gone, is not a stall; the conditions count
+    from the last report, and end the run once the reports stop (graph/watchdog.py docs)."""
+    w = Watchdog(stall_timeout=10)
+    # paused for 40 s, no task finished, a report every 6 s: never stopped
+    assert all(v is None for v in feed(w, *[Observation(t=t, paused=1, progress=2, reports=t // 6) for t in range(0, 42, 2)]))
+    # the reports stop at t=36 (reports=6): stopped 10 s later, not before
+    out = feed(w, Observation(t=44, paused=1, progress=2, reports=6), Observation(t=46, paused=1, progress=2, reports=6))
+    assert out == [None, out[1]] and "paused by memory" in out[1] and "no task finished or reported for 10 s" in out[1]
+    w = Watchdog(stall_timeout=10)
+    obs = [Observation(t=t, unrunnable=2, progress=0, reports=t // 4, example="gang-1") for t in range(0, 40, 2)]
+    assert all(v is None for v in feed(w, *obs))
+    assert "waited 11 s" in w.observe(Observation(t=47, unrunnable=2, progress=0, reports=9))
+    # a silent scheduler: reports are not answers (they flow one way on the workers' streams)
+    w = Watchdog(stall_timeout=10)
+    out = feed(w, Observation(t=0, reports=1), Observation(t=6, answered=False, reports=2),
+               Observation(t=11, answered=False, reports=3))
+    assert out[:2] == [None, None] and "has not answered for 11 s" in out[2]
+
+
+def test_the_same_report_count_is_no_progress():
+    w = Watchdog(stall_timeout=10)
+    out = feed(w, *[Observation(t=t, paused=1, progress=1, reports=5) for t in (0, 5, 10)])
+    assert out[:2] == [None, None] and "paused by memory" in out[2]

@@ -36,7 +36,7 @@ from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
 from .protocol import COLORS, PLUGIN_NAME
 
-__all__ = ["exploration_doc", "training_doc", "tree_layout"]
+__all__ = ["exploration_doc", "report_lines", "training_doc", "tree_layout"]
 
 LATEST = "(latest)"
 MAX_LABELLED = 200  # branches; above this the tree shows its labels on hover only
@@ -88,6 +88,8 @@ def tree_layout(branches: list[dict], root: str) -> dict:
                 info += f"  pruned at iteration {b['pruned_at']}"
             elif b.get("iterations"):
                 info += f"  {b['iterations']} iterations"
+            if isinstance(b.get("last_report"), (int, float)):
+                info += f" (last report {b['last_report']:.4g})"
             if b.get("error"):
                 info += f"  {b['error'][:120]}"
         else:
@@ -148,6 +150,14 @@ class _RunPage:
         self.select.on_change("value", lambda attr, old, new: self.update(force=True))
         self.header = Div(text=empty_header, sizing_mode="stretch_width")
 
+    def refresh_runs(self):
+        """The scheduler's Quiver plugin (``None`` without one), after listing its runs in the picker."""
+        plugin = _plugin(self.scheduler)
+        options = _run_options(plugin)
+        if options != list(self.select.options):
+            self.select.options = options
+        return plugin
+
     def update(self, force: bool = False) -> None:
         raise NotImplementedError
 
@@ -181,10 +191,7 @@ class ExplorationPage(_RunPage):
                            self.table, sizing_mode="stretch_width")
 
     def update(self, force: bool = False) -> None:
-        plugin = _plugin(self.scheduler)
-        options = _run_options(plugin)
-        if options != list(self.select.options):
-            self.select.options = options
+        plugin = self.refresh_runs()
         run = _pick_run(plugin, self.select.value)
         if run is None:
             return
@@ -241,7 +248,7 @@ class ExplorationPage(_RunPage):
         data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
         iterative = any(b.get("iterations") is not None for b in run["branches"])
         if iterative:  # iterative steps (docs/architecture.md §7): reports made, where pruned
-            data["iterations"], data["pruned at"] = [], []
+            data["iterations"], data["pruned at"], data["last report"] = [], [], []
         for col in [f"e:{e}" for e in explores] + [f"p:{p}" for p in params] + [f"m:{m}" for m in metrics]:
             data[col] = []
         for b in run["branches"]:
@@ -252,6 +259,8 @@ class ExplorationPage(_RunPage):
             if iterative:
                 data["iterations"].append(b.get("iterations") or 0)
                 data["pruned at"].append("" if b.get("pruned_at") is None else f"iteration {b['pruned_at']}")
+                last = b.get("last_report")
+                data["last report"].append(float(last) if isinstance(last, (int, float)) else math.nan)
             for e in explores:
                 data[f"e:{e}"].append(b["labels"].get(e, ""))
             for p in params:
@@ -269,6 +278,7 @@ class ExplorationPage(_RunPage):
         ]
         if iterative:
             columns += [TableColumn(field=c, title=c) for c in ("iterations", "pruned at")]
+            columns.append(TableColumn(field="last report", title="last report", formatter=NumberFormatter(format="0.0000")))
         columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
         if [c.field for c in self.table.columns] != [c.field for c in columns]:
             self.table.columns = columns
@@ -277,15 +287,19 @@ class ExplorationPage(_RunPage):
         self.table.view.filter = AllIndices()
 
 
-def exploration_doc(scheduler, extra, doc):
-    page = ExplorationPage(scheduler)
+def _serve(page: _RunPage, title: str, extra: dict, doc) -> None:
+    """Put ``page`` in ``doc`` (Dask's template, theme and navigation), redrawn twice a second."""
     page.update(force=True)
     add_periodic_callback(doc, page, 500)
-    doc.title = "Quiver: Exploration"
+    doc.title = title
     doc.add_root(page.root)
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
+
+
+def exploration_doc(scheduler, extra, doc):
+    _serve(ExplorationPage(scheduler), "Quiver: Exploration", extra, doc)
 
 
 _CURVES = [
@@ -299,11 +313,67 @@ _CURVES = [
 ]
 
 
+def report_lines(curves: dict | None) -> dict:
+    """What the reports figure draws from ``QuiverDashboard.curves_view``: one line per branch
+    (colour: its status), an ``x`` where a pruned branch stopped (at ``pruned_at``, on its
+    curve), and a dotted vertical line per rung across the values' range.
+
+    >>> out = report_lines({"metric": "score", "rungs": [1, 3], "branches": [
+    ...     {"id": 0, "label": "#0 a", "status": "chosen", "curve": [0.5, 0.7, 0.9, 0.95], "pruned_at": None},
+    ...     {"id": 1, "label": "#1 b", "status": "pruned", "curve": [0.2], "pruned_at": 1}]})
+    >>> out["lines"]["xs"], out["marks"]["x"], out["marks"]["y"], out["rungs"]["x0"], out["rungs"]["y1"]
+    ([[1, 2, 3, 4], [1]], [1], [0.2], [1, 3], [0.95, 0.95])
+    """
+    lines: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": [], "dash": []}
+    marks: dict[str, list] = {"x": [], "y": [], "label": []}
+    values = []
+    for b in (curves or {}).get("branches", ()):
+        xy = [(i, v) for i, v in enumerate(b["curve"], start=1) if isinstance(v, (int, float))]
+        values += [v for _, v in xy]
+        lines["xs"].append([x for x, _ in xy])
+        lines["ys"].append([y for _, y in xy])
+        lines["color"].append(COLORS.get(b["status"], "#636363"))
+        lines["label"].append(f"{b['label'][:60]} ({b['status']})")
+        lines["dash"].append("dashed" if b["status"] == "pruned" else "solid")
+        stop = b.get("pruned_at")
+        if stop is not None and 0 < stop <= len(b["curve"]) and isinstance(b["curve"][stop - 1], (int, float)):
+            marks["x"].append(stop)
+            marks["y"].append(b["curve"][stop - 1])
+            marks["label"].append(f"{b['label'][:60]} pruned at iteration {stop}")
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    rungs = list((curves or {}).get("rungs", ()))
+    return {
+        "lines": lines,
+        "marks": marks,
+        "rungs": {"x0": rungs, "x1": rungs, "y0": [low] * len(rungs), "y1": [high] * len(rungs)},
+    }
+
+
 class TrainingPage(_RunPage):
-    """Live curves of every training branch of the selected run."""
+    """Live curves of every training branch of the selected run, and the report curves of
+    its iterative steps with the pruning choose's rungs (docs/architecture.md §7)."""
 
     def __init__(self, scheduler):
         super().__init__(scheduler, "<h3>Quiver: training</h3><p>No training branch has reported yet.</p>")
+        self.report_sources = {
+            "lines": ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []}),
+            "marks": ColumnDataSource({"x": [], "y": [], "label": []}),
+            "rungs": ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []}),
+        }
+        reports = figure(height=300, sizing_mode="stretch_width", title="Reports per iteration",
+                         tools="pan,wheel_zoom,reset,save", toolbar_location="above")
+        reports.segment("x0", "y0", "x1", "y1", source=self.report_sources["rungs"], line_color="#636363",
+                        line_dash="dotted", line_width=1)
+        drawn = reports.multi_line("xs", "ys", source=self.report_sources["lines"], line_color="color", line_width=2,
+                                   line_dash={"field": "dash"})
+        ends = reports.scatter("x", "y", source=self.report_sources["marks"], marker="x", size=12, line_width=3,
+                               color="#a50f15")
+        reports.add_tools(HoverTool(renderers=[drawn], tooltips=[("branch", "@label"), ("iteration", "$x{0}"),
+                                                                  ("value", "$y{0.0000}")]))
+        reports.add_tools(HoverTool(renderers=[ends], tooltips=[("", "@label")]))
+        reports.xaxis.axis_label = "iteration (reports made)"
+        reports.visible = False  # shown when the run's iterative steps have reported
+        self.reports = reports
         self.sources: dict[str, ColumnDataSource] = {}
         self.points: dict[str, ColumnDataSource] = {}
         figs = []
@@ -334,13 +404,31 @@ class TrainingPage(_RunPage):
         grid_rows = [row(figs[i], figs[i + 1], sizing_mode="stretch_width") for i in range(0, len(figs) - 1, 2)]
         if len(figs) % 2:
             grid_rows.append(row(figs[-1], sizing_mode="stretch_width"))
-        self.root = column(self.select, self.header, *grid_rows, sizing_mode="stretch_width")
+        self.root = column(self.select, self.header, self.reports, *grid_rows, sizing_mode="stretch_width")
+
+    def show_reports(self, curves: dict | None) -> str:
+        """Draw ``curves`` (``QuiverDashboard.curves_view``); return the header's line about them."""
+        drawn = report_lines(curves)
+        for name, src in self.report_sources.items():
+            src.data = drawn[name]
+        self.reports.visible = curves is not None
+        if curves is None:
+            return ""
+        n = len(curves["branches"])
+        pruned = len(drawn["marks"]["x"])
+        rungs = ", ".join(str(r) for r in curves["rungs"])
+        self.reports.title.text = (
+            f"Reports: {curves['metric']} ({curves['mode']}) per iteration"
+            + (f"; dotted: rungs at {rungs}; x: pruned" if rungs else "")
+        )
+        self.reports.yaxis.axis_label = str(curves["metric"])
+        return (
+            f"<p>{n} branch(es) reported {html.escape(str(curves['metric']))}"
+            + (f"; rungs at iterations {rungs}" if rungs else "") + f"; {pruned} pruned.</p>"
+        )
 
     def update(self, force: bool = False) -> None:
-        plugin = _plugin(self.scheduler)
-        options = _run_options(plugin)
-        if options != list(self.select.options):
-            self.select.options = options
+        plugin = self.refresh_runs()
         if plugin is None:
             return
         sig = (self.select.value, plugin.version)
@@ -397,23 +485,19 @@ class TrainingPage(_RunPage):
             src.data = lines[k]
             self.points[k].data = pts[k]
         title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
+        raw = plugin.runs.get(run["run"]) if run is not None else None
+        reported = self.show_reports(plugin.curves_view(raw) if raw is not None else None)
         if rows:
             self.header.text = (
-                f"<h3>Quiver: training <small>{title}</small></h3>"
+                f"<h3>Quiver: training <small>{title}</small></h3>{reported}"
                 "<table style='font-size:12px'><tr><th></th><th>branch</th><th>state</th><th>algorithm</th>"
                 "<th>epochs</th><th>accuracy of z</th><th>samples/s</th><th>replicas per worker</th></tr>"
                 + "".join(rows) + "</table>"
             )
         else:
-            self.header.text = f"<h3>Quiver: training <small>{title}</small></h3><p>No training branch has reported yet.</p>"
+            self.header.text = f"<h3>Quiver: training <small>{title}</small></h3>" + (
+                reported or "<p>No training branch has reported yet.</p>")
 
 
 def training_doc(scheduler, extra, doc):
-    page = TrainingPage(scheduler)
-    page.update(force=True)
-    add_periodic_callback(doc, page, 500)
-    doc.title = "Quiver: Training"
-    doc.add_root(page.root)
-    doc.template = env.get_template("simple.html")
-    doc.template_variables.update(extra)
-    doc.theme = BOKEH_THEME
+    _serve(TrainingPage(scheduler), "Quiver: Training", extra, doc)

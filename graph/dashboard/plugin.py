@@ -10,7 +10,9 @@ When it starts on a scheduler with a dashboard it adds, to that same HTTP server
   sortable table of the branches, updating live;
 * ``/quiver-training``: live curves per training branch (accuracy and loss of the
   central model z, spread of the replicas around z, samples/s, replicas per worker and
-  the auto-tuner's steps, sync vs compute seconds);
+  the auto-tuner's steps, sync vs compute seconds), and the report curves of the run's
+  iterative steps (the choose metric per iteration, the pruning choose's rungs, an ``x``
+  where a pruned branch stopped: docs/architecture.md §7);
 * ``/quiver/api/state.json``: the same data as JSON (``?run=ID`` for one run);
 
 and links the two pages from the dashboard's navigation bar.
@@ -41,6 +43,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..ranking import best as best_index
+from ..spec import PruneSpec
 from .protocol import (
     COLORS,
     EXPLORATION_PAGE,
@@ -70,11 +73,23 @@ logger = logging.getLogger(__name__)
 
 
 
+def _branch_label(b: dict) -> str:
+    """``#3 add(n=1) train(lr=0.1)``: a branch's id and choices, as the pages name it."""
+    return f"#{b['id']} " + " ".join(f"{v}" for v in b["choices"].values())
+
+
 def _choice_text(label: str, params: dict) -> str:
     if not params:
         return str(label)
     inner = ", ".join(f"{k}={v}" for k, v in params.items())
     return f"{label}({inner})"
+
+
+def _extend_curve(curve: list, at: Any, points: list) -> None:
+    """Put ``points`` at ``curve[at:]`` (a resent delta overwrites, a gap is padded with ``None``)."""
+    at = at if isinstance(at, int) and at >= 0 else len(curve)
+    curve.extend([None] * (at - len(curve)))
+    curve[at : at + len(points)] = points
 
 
 class QuiverDashboard(SchedulerPlugin):
@@ -159,6 +174,7 @@ class QuiverDashboard(SchedulerPlugin):
                 "stats": {},
                 "error": None,
                 "key_index": None,  # task key -> branch ids, built when a training page asks (branches_of)
+                "curve_choose": msg.get("curve_choose"),  # the choose whose metric the report curves show
             }
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
@@ -179,6 +195,8 @@ class QuiverDashboard(SchedulerPlugin):
                     b["error"] = u["error"]
                 if "iterations" in u:  # an iterative step's reports (docs/architecture.md §7)
                     b["iterations"], b["pruned_at"] = u["iterations"], u.get("pruned_at")
+                if isinstance(u.get("curve"), (list, tuple)):  # new points of its report curve (msgpack: a tuple)
+                    _extend_curve(b.setdefault("curve", []), u.get("curve_at", 0), list(u["curve"]))
             if "tasks_done" in msg:
                 run["tasks_done"] = msg["tasks_done"]
             if kind == "end":
@@ -264,13 +282,16 @@ class QuiverDashboard(SchedulerPlugin):
             out.extend((run_id, i) for i in index.get(task, ()))
         return out
 
+    def _status(self, run: dict, b: dict) -> str:
+        return self._live_status(b) if run["state"] == "running" else b["status"]
+
     def run_view(self, run: dict) -> dict:
         branches = []
         for b in run["branches"]:
             branches.append(
                 {
                     "id": b["id"],
-                    "status": self._live_status(b) if run["state"] == "running" else b["status"],
+                    "status": self._status(run, b),
                     "choices": dict(b["choices"]),
                     "labels": dict(b["labels"]),
                     "params": jsonable(b["params"]),
@@ -280,6 +301,7 @@ class QuiverDashboard(SchedulerPlugin):
                     "key": b["key"],
                     "iterations": b.get("iterations"),
                     "pruned_at": b.get("pruned_at"),
+                    "last_report": b["curve"][-1] if b.get("curve") else None,  # the curve metric's latest
                 }
             )
         counts = {s: 0 for s in STATUSES}
@@ -313,6 +335,35 @@ class QuiverDashboard(SchedulerPlugin):
             "error": run["error"],
         }
 
+    def curves_view(self, run: dict) -> dict | None:
+        """The report curves of ``run``'s iterative steps (docs/architecture.md §7), or ``None``:
+        ``{"metric", "mode", "rungs", "branches": [{"id", "label", "status", "curve", "pruned_at"}]}``
+        (``curve[i]``: the metric of report ``i + 1``; ``rungs``: the pruning choose's rung
+        iterations up to the longest curve, ``PruneSpec.rungs``).  Only branches with reports."""
+        ci = run.get("curve_choose")
+        cp = next((c for c in run["chooses"] if c.get("index") == ci), None)
+        branches = [b for b in run["branches"] if b.get("curve")]
+        if cp is None or not branches:
+            return None
+        longest = max(len(b["curve"]) for b in branches)
+        prune = cp.get("prune")
+        rungs = list(PruneSpec(**prune).rungs(longest)) if isinstance(prune, dict) else []
+        return {
+            "metric": cp.get("metric"),
+            "mode": cp.get("mode", "max"),
+            "rungs": rungs,
+            "branches": [
+                {
+                    "id": b["id"],
+                    "label": _branch_label(b),
+                    "status": self._status(run, b),
+                    "curve": list(b["curve"]),
+                    "pruned_at": b.get("pruned_at"),
+                }
+                for b in branches
+            ],
+        }
+
     def training_view(self, rec: dict) -> dict:
         refs = self.branches_of(rec["task"])
         if refs:  # the newest run that has this training step
@@ -322,7 +373,7 @@ class QuiverDashboard(SchedulerPlugin):
         for run_id, i in refs:
             run = self.runs.get(run_id)
             if run is not None:
-                labels.append(f"#{i} " + " ".join(f"{v}" for v in run["branches"][i]["choices"].values()))
+                labels.append(_branch_label(run["branches"][i]))
         return {
             "task": rec["task"],
             "run": refs[0][0] if refs else None,
@@ -341,7 +392,7 @@ class QuiverDashboard(SchedulerPlugin):
 
     def snapshot(self, run: str | None = None) -> dict:
         """Everything the pages show, as plain JSON data (``run``: only that run and its training)."""
-        runs = [self.run_view(r) for r in self.runs.values() if run is None or r["run"] == run]
+        runs = [dict(self.run_view(r), curves=self.curves_view(r)) for r in self.runs.values() if run is None or r["run"] == run]
         training = [self.training_view(t) for t in self.training.values()]
         if run is not None:
             training = [t for t in training if t["run"] == run]

@@ -9,6 +9,11 @@ plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
   ``{"kind": "start", ...}`` with the branches (choices, keys) and the chooses, then
   ``{"kind": "update", ...}`` with the branches whose status or metric changed
   (throttled), then ``{"kind": "end", ...}`` with every branch's final status.
+  A run with iterative steps (docs/architecture.md §7) adds, per changed branch,
+  ``iterations`` and ``pruned_at``, and its report curve as a delta: ``curve`` (the values of
+  the ``curve_choose`` metric, named in ``start``, that were not sent before) starting at
+  report ``curve_at`` (0-based), so a branch's points travel once whatever the throttle;
+  ``start`` gives each choose's ``prune`` (``factor``, ``min_iter``, ``max_iter``) for the rungs.
 * ``quiver-training`` (each member of a ``gpu.train`` gang): ``start``, one ``epoch``
   record per epoch (accuracy and loss of z, replica spread, samples/s, replicas,
   sync and compute seconds), ``tuning`` (the auto-tuner's curve) and ``end``.
@@ -29,6 +34,8 @@ import math
 import numbers
 import time
 from typing import Any
+
+from ..pruning import curve_choose
 
 __all__ = [
     "COLORS",
@@ -110,6 +117,12 @@ def _pipeline_name(spec: Any) -> str:
         return "pipeline"
 
 
+def _prune_info(prune: Any) -> dict | None:
+    if prune is None:
+        return None
+    return {"factor": prune.factor, "min_iter": prune.min_iter, "max_iter": prune.max_iter}
+
+
 def _branch_info(i: int, branch: Any) -> dict:
     return {
         "id": i,
@@ -156,6 +169,7 @@ class ExplorationPublisher:
         self.enabled = client is not None and compiled is not None
         self.detailed = self.enabled and len(compiled.branches) <= MAX_PUBLISHED_BRANCHES
         self._pending: dict[int, dict] = {}
+        self._curve_sent: dict[int, int] = {}  # branch -> report-curve points already sent
         self._tasks_done = 0
         self._last = 0.0
 
@@ -187,9 +201,11 @@ class ExplorationPublisher:
                         "k": cp.spec.k,
                         "threshold": jsonable(cp.spec.threshold),
                         "per": cp.spec.per,
+                        "prune": _prune_info(cp.spec.prune),
                     }
                     for cp in c.chooses
                 ],
+                "curve_choose": curve_choose(c.chooses),
                 "branches": [_branch_info(i, b) for i, b in enumerate(c.branches)] if self.detailed else [],
                 "total_branches": len(c.branches),
                 "unique_tasks": self.unique_tasks,
@@ -211,15 +227,28 @@ class ExplorationPublisher:
             self._pending[i] = {"id": i, "status": status, "metrics": jsonable(metrics), "error": error}
             if len(row) > 4:  # iterative steps: reports made, the iteration a pruning choose stopped it at
                 self._pending[i]["iterations"], self._pending[i]["pruned_at"] = row[4], row[5]
+            if len(row) > 6:  # and its report curve, whole here: cut to what is new when sent
+                self._pending[i]["curve"] = row[6]
         if tasks_done is not None:
             self._tasks_done = tasks_done
         now = self.clock()
         if not self._pending or (not force and now - self._last < self._gap):
             return
         changed, self._pending = list(self._pending.values()), {}
+        for entry in changed:
+            if "curve" in entry:
+                self._curve_delta(entry)
         self._send({"kind": "update", "run": self.run_id, "branches": changed, "tasks_done": self._tasks_done})
         self._last = self.clock()
         self._gap = max(self.interval, (self._last - now) / self.share)
+
+    def _curve_delta(self, entry: dict) -> None:
+        """Replace a branch's whole curve by the points not sent yet (``curve``, ``curve_at``)."""
+        curve = entry.pop("curve")
+        sent = self._curve_sent.get(entry["id"], 0)
+        if len(curve) > sent:
+            entry["curve"], entry["curve_at"] = jsonable(list(curve[sent:])), sent
+            self._curve_sent[entry["id"]] = len(curve)
 
     def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
         """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""

@@ -192,7 +192,8 @@ class FirstResult:
 
 @dataclass(frozen=True)
 class Publish:
-    """Branches whose live status, metrics or error changed: ``(id, status, metrics, error)`` rows."""
+    """Branches whose live status, metrics or error changed: ``(id, status, metrics, error)`` rows
+    (a run with iterative steps adds ``iterations, pruned_at, curve``: ``ExplorationState.changes``)."""
 
     branches: tuple[tuple, ...]
 

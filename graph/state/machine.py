@@ -34,7 +34,7 @@ from typing import Any
 from ..compiler import extract_metric, metric_failure_cause
 from ..iterative import Iterative
 from ..keys import original_key, recompute_key, step_name
-from ..pruning import Halving
+from ..pruning import Halving, curve_choose
 from ..ranking import decide, meets, sort_key
 from ..table import RowState
 from .events import (
@@ -221,6 +221,9 @@ class ExplorationState:
                 for i, b in enumerate(cp.inputs):
                     self.prune_inputs[b.key].append((cp.index, i))
         self.pruned_at: dict[str, tuple[int, int]] = {}  # key -> (rung index, iteration) it was stopped at
+        # the dashboard's report curves: key -> the curve choose's metric of each report
+        self.curve_choose = curve_choose(compiled.chooses) if self.iterative else None
+        self.curves: dict[str, list[float]] = defaultdict(list)
         self.rungs_answered = 0  # rung answers given (Answer instructions)
         self.rung_answers: dict[tuple[str, int], str] = {}  # (key, iteration) -> the answer given
         self.answered: set[tuple[str, int]] = set()  # (name, iteration) answered
@@ -386,6 +389,8 @@ class ExplorationState:
         if iteration != len(self.history[key]) + 1:
             return  # never happens with ReportChannel (in order per key); never guess a gap
         self.history[key].append(values)
+        if self.curve_choose is not None:
+            self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
             if tip.t.kind == "output":
                 self._dirty_outputs.add(tip.t.index)
@@ -417,13 +422,14 @@ class ExplorationState:
                 self.stopping.add(key)  # held until it returns Pruned: its worker time is measured
             self._stop(key)
 
-    def _report_metric(self, ci: int, values: dict) -> float:
-        """The choose metric of one report (NaN, never continuing, when the report lacks it: warned once)."""
+    def _report_metric(self, ci: int, values: dict, warn: bool = True) -> float:
+        """The choose metric of one report (NaN, never continuing, when the report lacks it:
+        warned once per choose; ``warn=False`` for the dashboard's curves, which only show it)."""
         spec = self.c.chooses[ci].spec
         try:
-            return extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0]
+            return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
         except Exception as exc:  # a user's callable metric may raise anything
-            if ci not in self.report_alarm:
+            if warn and ci not in self.report_alarm:
                 self.report_alarm.add(ci)
                 self._out.append(Warn(
                     f"choose({spec.metric_name!r}, prune=...): a report gives no metric ({type(exc).__name__}: {exc}); "
@@ -788,7 +794,7 @@ class ExplorationState:
     def changes(self) -> tuple:
         """The branches whose live status, metrics or error changed since the last call, as
         ``(id, status, metrics, error)`` rows (what :class:`Publish` carries; a run with
-        iterative steps adds ``iterations, pruned_at``, which change with every report). With
+        iterative steps adds ``iterations, pruned_at, curve``, which change with every report). With
         ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
         the machine only notes which branches were touched)."""
         if not self._dirty_outputs:
@@ -800,8 +806,8 @@ class ExplorationState:
                 status = "chosen" if self.chosen(j, status) else "done"
             failed = self._failure(j)
             row = (j, status, self._metrics_of(j), failed.error if failed else None)
-            if self.iterative:  # iterative runs: reports made, and the iteration it was pruned at
-                row += (len(self.branch_history(j)), self.pruned_iteration(j))
+            if self.iterative:  # iterative runs: reports made, the iteration it was pruned at, its curve
+                row += (len(self.branch_history(j)), self.pruned_iteration(j), self.branch_curve(j))
             if self._published.get(j) != row[1:]:
                 self._published[j] = row[1:]
                 rows.append(row)
@@ -831,11 +837,14 @@ class ExplorationState:
     def pruning_line(self) -> str:
         """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part)."""
         at: Counter = Counter(r for r, _ in self.pruned_at.values())
-        reports = sum(len(h) for h in self.history.values())
-        text = f"reports {reports}, rungs {self.rungs_answered}"
+        text = f"reports {self.report_count()}, rungs {self.rungs_answered}"
         if at:
             text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
         return text
+
+    def report_count(self) -> int:
+        """Reports taken so far (each iteration of each key once: replays are not counted)."""
+        return sum(len(h) for h in self.history.values())
 
     def rung_log(self) -> list[dict]:
         """Every arrival at a rung of every pruning choose, in arrival order per rung:
@@ -855,6 +864,12 @@ class ExplorationState:
         """Output branch ``j``'s reports: those of the iterative steps on its path, in order."""
         b = self.output_tips[j].t.branch
         return [r for k in b.lineage if k in self.history for r in self.history[k]]
+
+    def branch_curve(self, j: int) -> tuple[float, ...]:
+        """Output branch ``j``'s report curve: the metric of ``curve_choose`` (``graph.pruning``)
+        in each of its reports, in order (NaN where a report lacks it; empty without a choose)."""
+        b = self.output_tips[j].t.branch
+        return tuple(v for k in b.lineage if k in self.curves for v in self.curves[k])
 
     def pruned_iteration(self, j: int) -> int | None:
         """The iteration output branch ``j`` was pruned at by a pruning choose (else ``None``)."""

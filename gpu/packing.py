@@ -276,6 +276,15 @@ class PackedTrainer:
             m.outcome = "removed"
             self._fill()
 
+    def finish(self, name: Hashable) -> None:
+        """End an active member's training now (e.g. at a pruning rule's ``max_iter``): it
+        leaves the group with what it has learnt, and :meth:`result` gives it."""
+        m = self.members.get(name)
+        if m is None or m.outcome is not None:
+            raise ValueError(f"PackedTrainer.finish: member {name!r} is not training")
+        self._finish(m)
+        self._fill()
+
     def _finish(self, m: _Member) -> None:
         self.group.drop(m)
         m.outcome = "finished"

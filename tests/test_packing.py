@@ -243,3 +243,18 @@ def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     assert list(packed.table["accuracy"]) == pytest.approx(list(alone.table["accuracy"]), abs=1e-6)
     assert packed.value["accuracy"] == pytest.approx(alone.value["accuracy"], abs=1e-6)
     assert set(packed.table["packed"]) >= {2} and "packed" not in alone.table
+
+
+def cuda_mlp():
+    return MLP().cuda()
+
+
+@pytest.mark.gpu
+def test_a_packed_member_matches_its_solo_run_on_a_gpu(digits):
+    """The same claim on a CUDA device (batched kernels may round differently: a looser bound)."""
+    shared = dict(SHARED, epochs=2)
+    results = PackedTrainer(digits, cuda_mlp, MEMBERS, **shared).run()
+    for name, params in MEMBERS.items():
+        alone = gpu.train(digits, model=cuda_mlp, workers=1, **{**shared, **params})
+        for p, s in zip(curve(results[name]["history"]), curve(alone["history"])):
+            assert p == pytest.approx(s, rel=1e-3, abs=1e-4)

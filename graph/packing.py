@@ -196,8 +196,8 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int) -> tuple[dict, dic
                 member_prunes[k] = prunes.get(k, own)
             new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members,
                              shared=shared, prunes=member_prunes)
-            for k in part:
-                new[k] = Task(k, member_value, TaskRef(pkey), k)
+            for k in part:  # Iterative (around a plain function): the run still takes k for an iterative step
+                new[k] = Task(k, Iterative(member_value, member_prunes[k]), TaskRef(pkey), k)
                 before[k] = pkey
     return new, before
 

@@ -242,7 +242,7 @@ def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     alone = node.run(client, pack=False, progress=False, quiet=True)
     assert list(packed.table["accuracy"]) == pytest.approx(list(alone.table["accuracy"]), abs=1e-6)
     assert packed.value["accuracy"] == pytest.approx(alone.value["accuracy"], abs=1e-6)
-    assert set(packed.table["packed"]) >= {2} and "packed" not in alone.table
+    assert "packed" in packed.table and "packed" not in alone.table  # members at once: as tuned (>= 1)
 
 
 def cuda_mlp():
@@ -258,3 +258,25 @@ def test_a_packed_member_matches_its_solo_run_on_a_gpu(digits):
         alone = gpu.train(digits, model=cuda_mlp, workers=1, **{**shared, **params})
         for p, s in zip(curve(results[name]["history"]), curve(alone["history"])):
             assert p == pytest.approx(s, rel=1e-3, abs=1e-4)
+
+
+def test_a_pruning_run_prunes_packed_members_at_rungs_and_the_others_keep_their_curves(client):
+    """Pruning and packing together through run(): reports reach the state machine under the
+    member keys, pruned members stop at a rung of the rule with the curve they would have
+    had alone, and the chosen branch is the best of those that finished."""
+    node = explore(lr=[0.003, 0.01, 0.05, 0.2, 1.0], epochs=[3])
+    pruned_run = node.choose("accuracy", prune=pipelines.halving(factor=3)).run(
+        client, pack=True, progress=False, quiet=True)
+    full = node.choose("accuracy").run(client, pack=False, progress=False, quiet=True)
+    table = pruned_run.table
+    assert set(table["status"]) <= {"ok", "pruned"} and (table["status"] == "pruned").any()
+    rungs = {1, 3}
+    for row, status in enumerate(table["status"]):
+        mine, alone = pruned_run.history[row], full.history[row]
+        assert [r["accuracy"] for r in mine] == pytest.approx([r["accuracy"] for r in alone[:len(mine)]], abs=1e-6)
+        if status == "pruned":
+            assert table["iterations"].iloc[row] in rungs and len(mine) < 3
+        else:
+            assert len(mine) == 3
+    finished = table[table["status"] == "ok"]
+    assert pruned_run.value["accuracy"] == pytest.approx(finished["accuracy"].max())

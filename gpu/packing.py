@@ -196,7 +196,7 @@ class PackedTrainer:
     """
 
     def __init__(self, data: Any, model: Callable[[], nn.Module], members: Mapping[Hashable, Mapping], *,
-                 active: int | str | None = None, **shared: Any) -> None:
+                 active: int | str | None = None, publish: bool = False, **shared: Any) -> None:
         from .training import _as_data
 
         if not callable(model):
@@ -226,6 +226,8 @@ class PackedTrainer:
                              f"{self.k} replica(s) x batch_size={self.batch_size}; use a smaller batch")
         self.waiting: list[Hashable] = list(self.configs)
         self.members: dict[Hashable, _Member] = {}
+        self.publish = publish  # inside a Dask task: each member's curve on the dashboard, under its name
+        self._publishers: dict[Hashable, Callable[[dict], None]] = {}
         self.tuning: list = []
         self.tuning_s = 0.0
         if active == "auto":
@@ -248,6 +250,19 @@ class PackedTrainer:
         m.t_start = time.perf_counter()
         self.members[name] = m
         self.group.add(m, w0)
+        self._tell(name, {"kind": "start", "algorithm": "sma", "epochs": cfg.epochs, "lr": cfg.lr,
+                          "batch_size": cfg.batch_size, "replicas": str(self.k)})
+
+    def _tell(self, name: Hashable, msg: dict) -> None:
+        """Publish a member's progress on the ``quiver-training`` topic as ``gpu.train`` does
+        (the member's name is its task key; nothing happens outside a worker or unless asked)."""
+        if not self.publish:
+            return
+        if name not in self._publishers:
+            from .training import _publisher
+
+            self._publishers[name] = _publisher(str(name), 0, 1)
+        self._publishers[name](msg)
 
     def _fill(self) -> None:
         while self.waiting and len(self.group.members) < self.active_limit:
@@ -274,6 +289,7 @@ class PackedTrainer:
         if m.outcome is None:
             self.group.drop(m)
             m.outcome = "removed"
+            self._tell(name, {"kind": "end", "epochs_done": m.epoch})
             self._fill()
 
     def finish(self, name: Hashable) -> None:
@@ -288,6 +304,7 @@ class PackedTrainer:
     def _finish(self, m: _Member) -> None:
         self.group.drop(m)
         m.outcome = "finished"
+        self._tell(m.name, {"kind": "end", "epochs_done": m.epoch})
 
     # --- training ---------------------------------------------------------------------------
     def epoch(self) -> dict:
@@ -345,6 +362,7 @@ class PackedTrainer:
             }
             m.history.append(rec)
             reports[m.name] = rec
+            self._tell(m.name, {"kind": "epoch", "epochs": m.cfg.epochs, **rec})
         for m in members:
             target = m.cfg.target_accuracy
             if m.epoch >= m.cfg.epochs or (target is not None and m.history[-1]["accuracy"] >= target):

@@ -129,7 +129,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
 
     pack = _Task()
     tasks = {k: _MemberTask(pack, k) for k in members}
-    trainer = PackedTrainer(data, model, dict(members), active=active, **shared)
+    trainer = PackedTrainer(data, model, dict(members), active=active, publish=True, **shared)
     made = {k: 0 for k in members}
     last: dict[str, dict] = {}
     values: dict[str, Any] = {}

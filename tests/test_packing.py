@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import queue
+import time
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -238,12 +240,23 @@ def test_packed_task_reports_and_waits_per_member_key_and_drops_pruned_members(c
 
 def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     node = explore(lr=[0.01, 0.05, 0.2]).choose("accuracy")
+    members = {b.key for b in node.compile().chooses[0].inputs}
+
+    def ends():  # per member key, the training "end" events on the dashboard's topic so far
+        return Counter(m["task"] for _, m in client.get_events("quiver-training")
+                       if m.get("kind") == "end" and m.get("task") in members)
+
+    before = ends()
     packed = node.run(client, pack=True, progress=False, quiet=True)
+    # each member's curve went to the dashboard under its own key, as a solo gpu.train's does
+    deadline = time.monotonic() + WAIT
+    while any(ends()[k] <= before[k] for k in members) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(ends()[k] > before[k] for k in members)
     alone = node.run(client, pack=False, progress=False, quiet=True)
     assert list(packed.table["accuracy"]) == pytest.approx(list(alone.table["accuracy"]), abs=1e-6)
     assert packed.value["accuracy"] == pytest.approx(alone.value["accuracy"], abs=1e-6)
     assert "packed" in packed.table and "packed" not in alone.table  # members at once: as tuned (>= 1)
-
 
 def cuda_mlp():
     return MLP().cuda()
@@ -275,7 +288,8 @@ def test_a_pruning_run_prunes_packed_members_at_rungs_and_the_others_keep_their_
         mine, alone = pruned_run.history[row], full.history[row]
         assert [r["accuracy"] for r in mine] == pytest.approx([r["accuracy"] for r in alone[:len(mine)]], abs=1e-6)
         if status == "pruned":
-            assert table["iterations"].iloc[row] in rungs and len(mine) < 3
+            # stopped at a rung (3, its last epoch, is a rung too: a loser there is pruned, as a solo step is)
+            assert table["iterations"].iloc[row] in rungs and len(mine) == table["iterations"].iloc[row]
         else:
             assert len(mine) == 3
     finished = table[table["status"] == "ok"]

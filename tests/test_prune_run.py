@@ -216,3 +216,12 @@ def test_the_dashboard_shows_iterations_and_where_branches_were_pruned(client, t
     data = page.table_source.data
     assert data["iterations"] == list(t["iterations"])
     assert data["pruned at"] == ["" if b["pruned_at"] is None else f"iteration {b['pruned_at']}" for b in run["branches"]]
+
+
+def test_pruning_under_a_memory_budget_with_a_sampling_pass(client, tmp_path):
+    """The budget's sampling pass runs the first branch alone, then the rest: the rung
+    decisions still follow the rule on the run's arrivals, and the best is chosen."""
+    result = exploration(tmp_path, delay=0.01).run(client, memory_budget="2 GiB", sample_sizes=True)
+    stopped_at = check_rule(result, factor=3)
+    assert stopped_at and result.value["name"] == "best"
+    assert "spilled_bytes" in result.stats and result.stats["pruned_branches"] == len(stopped_at)

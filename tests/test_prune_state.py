@@ -41,6 +41,7 @@ def pipeline(curves, prune=halving(factor=2), **choose):
 
 
 def kinds(out):
+    """Instruction kinds, in order (a rung's Answer comes last: a stop's Cancel goes out first)."""
     return [type(i).__name__ for i in out]
 
 
@@ -61,11 +62,11 @@ def test_a_pruning_run_as_literal_events_and_instructions():
     assert kinds(s.handle(Start())) == ["Submit"]
     # rungs at 1, 2, 4 (factor 2): keep the top max(1, n // 2) of the n there so far
     assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # first there
-    assert s.handle(Report(ka, 1, {"score": 0.1})) == [Answer(ka, 1, "stop"), Cancel((ma,))]  # 2nd of 2, worse
+    assert s.handle(Report(ka, 1, {"score": 0.1})) == [Cancel((ma,)), Answer(ka, 1, "stop")]  # 2nd of 2, worse
     assert s.handle(Report(ka, 1, {"score": 0.1})) == []  # a replay: counted once, answered once
     assert s.handle(Report(kb, 2, {"score": 0.6})) == [Answer(kb, 2, "continue")]
     assert s.handle(Report(kb, 3, {"score": 0.7})) == []  # not a rung: no one waits
-    assert s.handle(Report(kc, 1, {"score": 0.2})) == [Answer(kc, 1, "stop"), Cancel((mc,))]  # 3rd: top 1 of 3
+    assert s.handle(Report(kc, 1, {"score": 0.2})) == [Cancel((mc,)), Answer(kc, 1, "stop")]  # 3rd: top 1 of 3
     # the stopped steps were held (not cancelled) until they return Pruned: their time is measured
     assert s.handle(TaskFinished(ka)) == [Release((ka,))]
     out = s.handle(Report(kb, 4, {"score": 0.8}))
@@ -108,7 +109,7 @@ def test_a_failing_branch_never_blocks_a_rung_and_the_choose_decides_among_the_f
     s.handle(TaskFailed(ka, "RuntimeError: boom"))  # a failure after its first rung: its arrival stays counted
     assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # top 1 of 2
     mc = c.chooses[0].metric_keys[2]
-    assert s.handle(Report(kc, 1, {"score": 0.2})) == [Answer(kc, 1, "stop"), Cancel((mc,))]
+    assert s.handle(Report(kc, 1, {"score": 0.2})) == [Cancel((mc,)), Answer(kc, 1, "stop")]
     for it, v in ((2, 0.6), (3, 0.7), (4, 0.8)):
         s.handle(Report(kb, it, {"score": v}))
     out = finish(s, c, 1, 0.8)
@@ -128,12 +129,12 @@ def test_per_groups_are_halved_separately_and_k_keeps_among_the_finished():
     s = ExplorationState(c, publish=False)
     s.handle(Start())
     # group x: b, then a, then c at rung 1 (top max(1, n // 3)); group y: a first, alone there
-    assert s.handle(Report(keys[1], 1, {"score": 0.5}))[0] == Answer(keys[1], 1, "continue")
-    assert s.handle(Report(keys[0], 1, {"score": 0.1}))[0] == Answer(keys[0], 1, "stop")
-    assert s.handle(Report(keys[3], 1, {"score": 0.1}))[0] == Answer(keys[3], 1, "continue")  # another group
-    assert s.handle(Report(keys[2], 1, {"score": 0.2}))[0] == Answer(keys[2], 1, "stop")
-    assert s.handle(Report(keys[4], 1, {"score": 0.5}))[0] == Answer(keys[4], 1, "continue")
-    assert s.handle(Report(keys[5], 1, {"score": 0.2}))[0] == Answer(keys[5], 1, "stop")
+    assert s.handle(Report(keys[1], 1, {"score": 0.5}))[-1] == Answer(keys[1], 1, "continue")
+    assert s.handle(Report(keys[0], 1, {"score": 0.1}))[-1] == Answer(keys[0], 1, "stop")
+    assert s.handle(Report(keys[3], 1, {"score": 0.1}))[-1] == Answer(keys[3], 1, "continue")  # another group
+    assert s.handle(Report(keys[2], 1, {"score": 0.2}))[-1] == Answer(keys[2], 1, "stop")
+    assert s.handle(Report(keys[4], 1, {"score": 0.5}))[-1] == Answer(keys[4], 1, "continue")
+    assert s.handle(Report(keys[5], 1, {"score": 0.2}))[-1] == Answer(keys[5], 1, "stop")
     # max_iter=4: the 4th report finishes the branch (no rung, no answer); rung 3 is below it
     for k, curve in ((keys[1], B), (keys[3], A), (keys[4], B)):
         for it in (2, 3, 4):
@@ -155,10 +156,10 @@ def test_a_report_without_the_metric_warns_once_and_never_continues():
     s = ExplorationState(c, publish=False)
     s.handle(Start())
     first = s.handle(Report(ka, 1, {"acc": 0.9}))
-    assert kinds(first) == ["Warn", "Answer", "Cancel"] and first[1] == Answer(ka, 1, "stop")  # NaN never continues
+    assert kinds(first) == ["Warn", "Cancel", "Answer"] and first[2] == Answer(ka, 1, "stop")  # NaN never continues
     assert "a report gives no metric" in first[0].message and "no key 'score'" in first[0].message
     second = s.handle(Report(kb, 1, {"acc": 0.9}))
-    assert kinds(second) == ["Answer", "Cancel"] and second[0] == Answer(kb, 1, "stop")  # warned once
+    assert kinds(second) == ["Cancel", "Answer"] and second[1] == Answer(kb, 1, "stop")  # warned once
 
 
 def test_reports_without_a_pruning_choose_are_history_only_and_the_table_counts_them():
@@ -258,4 +259,34 @@ def test_a_pruned_step_stores_nothing(tmp_path):
     store = ResultStore(tmp_path)
     SaveResult(lambda: Pruned(2, {"score": 0.1}), store.file("k1"), "k1")()
     SaveResult(lambda: {"score": 0.9}, store.file("k2"), "k2")()
-    assert "k1" not in store and "k2" in store
+    SaveResult(lambda v: (float("nan"), {}), store.file("m1"), "m1")(Pruned(2, {"score": 0.1}))  # its metric read
+    assert "k1" not in store and "m1" not in store and "k2" in store
+
+
+def test_a_metric_read_of_a_stopped_step_is_a_quiet_nan():
+    """The run cancels it when it stops the step, but a cancel may reach the scheduler after
+    the step returned: the read must not log a failure on the worker (nothing reads it)."""
+    from graph.compiler import extract_metric
+
+    metric, scalars = extract_metric(Pruned(2, {"score": 0.3}), "score", "choose('score')")
+    assert math.isnan(metric) and scalars == {}
+
+
+def test_steps_after_a_pruning_choose_run_for_the_kept_branch_only():
+    node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
+    c = node.choose("score", prune=halving(factor=2)).then(ps.tag, g="z").compile()
+    ka, kb = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    first = s.handle(Start())
+    assert all(k not in first[0].tasks for k in (c.branches[0].key, c.branches[1].key))  # behind the choose
+    s.handle(Report(kb, 1, {"score": 0.5}))
+    assert s.handle(Report(ka, 1, {"score": 0.1}))[-1] == Answer(ka, 1, "stop")
+    s.handle(TaskFinished(ka))
+    for it, v in ((2, 0.6), (3, 0.7), (4, 0.8)):
+        s.handle(Report(kb, it, {"score": v}))
+    out = finish(s, c, 1, 0.8)
+    submits = [x for x in out if isinstance(x, Submit)]
+    assert [list(x.tasks) for x in submits] == [[c.branches[1].key]]  # the pruned branch's next step never runs
+    assert isinstance(s.handle(TaskFinished(c.branches[1].key))[-1], Finished)
+    rows = s.rows()
+    assert [(r.status, r.chosen, r.iterations) for r in rows] == [("pruned", False, 1), ("ok", True, 4)]

@@ -12,7 +12,10 @@ Use it like any step, alone or inside ``explore``/``grid``::
     best = runs.choose("accuracy")
 
 Inside a Dask task (a pipeline step) it trains on every worker of the cluster (or
-``workers=N`` of them) as a gang; outside Dask, or with ``workers=1``, in this process.
+``workers=N`` of them: its own worker first, then the least busy) as a gang; outside Dask, or
+with ``workers=1``, in this process. It is an iterative step (docs/architecture.md §7):
+``train.__quiver_iterate__`` (:func:`iterate`) yields one report per epoch, and closing it
+stops the training at the next epoch boundary, every gang member alike.
 Each epoch, rank 0 checkpoints the central model ``z`` in a ``distributed.Variable``; if a
 worker dies, the run resumes on the remaining workers from the last checkpoint (at most
 ``max_restarts`` times), and says so in the result.

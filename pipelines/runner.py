@@ -104,6 +104,10 @@ def run_node(
             exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
             restore_table(exc.table, compiled)
             raise
+    packed = getattr(compiled, "packed", None)
+    if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
+        record.stats["packed_groups"] = len(packed)
+        record.stats["packed_branches"] = sum(len(m) for m in packed.values())
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None

@@ -257,6 +257,8 @@ def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     assert list(packed.table["accuracy"]) == pytest.approx(list(alone.table["accuracy"]), abs=1e-6)
     assert packed.value["accuracy"] == pytest.approx(alone.value["accuracy"], abs=1e-6)
     assert "packed" in packed.table and "packed" not in alone.table  # members at once: as tuned (>= 1)
+    assert (packed.stats["packed_groups"], packed.stats["packed_branches"]) == (2, 3)  # 3 branches, 2 threads
+    assert "packed_groups" not in alone.stats
 
 def cuda_mlp():
     return MLP().cuda()

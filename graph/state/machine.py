@@ -170,6 +170,8 @@ class ExplorationState:
             else:
                 self.output_tips.append(tip)
                 self.out_hold[t.branch.key] += 1
+                for k in t.branch.parts:  # a collection's partitions, held for the user (§8)
+                    self.out_hold[k] += 1
                 for g in t.branch.gates:
                     self.outputs_by_gate[g].append(t.index)
         # the dependents of every key, metric reads included (one owner: graph.compiler.dependents_of)
@@ -374,6 +376,9 @@ class ExplorationState:
         k = tip.t.branch.key
         if tip.t.kind == "output":
             self.out_hold[k] -= 1
+            for p in tip.t.branch.parts:
+                self.out_hold[p] -= 1
+            self._candidates.update(tip.t.branch.parts)
         else:
             self.choose_hold[k] -= 1
         self._candidates.add(k)

@@ -197,7 +197,8 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
     except ComputeRefused:
         raise PipelineError(
             f"{where}: source {label} is marked lazy but computes while the pipeline compiles. "
-            "A collection source builds a lazy collection (dd.read_parquet, da.from_zarr, dd.from_map, ...)."
+            "A collection source builds a lazy collection (dd.read_parquet, da.from_zarr, dd.from_map, ...); "
+            "give meta= where Dask would otherwise compute a partition to infer it (dd.from_map, map_partitions)."
         ) from None
     except Exception as exc:
         raise PipelineError(

@@ -272,7 +272,7 @@ class _Compiler:
         return self._choose(spec)
 
     def _extend(self, spec: Spec, b: Branch, call: Call, items: tuple) -> Branch:
-        if b.lazy is not None:  # a collection input: a collection step, or a plain step on its computed value
+        if b.lazy is not None or is_lazy_marked(call.fn):  # a collection step, or a plain one on a computed value
             key = self.key(spec, call, (b.key,))
             lazy = self.collections.step(describe(spec), call, key, [(None, b)], items, b.lineage, b.gates)
             if lazy is not None:
@@ -308,7 +308,7 @@ class _Compiler:
                 gates = _merge(gates, b.gates)
             items = tuple((n, lab, p) for n, (lab, p) in merged.items())
             refs = {n: b.key for n, b in zip(names, combo)}
-            if any(b.lazy is not None for b in combo):  # collections: graph/collections.py
+            if any(b.lazy is not None for b in combo) or is_lazy_marked(spec.call.fn):  # graph/collections.py
                 key = self.key(spec, spec.call, inputs)
                 where = describe(spec)
                 lazy = self.collections.step(where, spec.call, key, list(zip(names, combo)), items, lineage, gates)

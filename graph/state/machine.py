@@ -341,7 +341,7 @@ class ExplorationState:
         unfinished = [n for n in self.held if self.alias.get(n, n) not in self.finished]
         if unfinished:
             self.held.difference_update(unfinished)
-            self._out.append(Cancel(tuple(sorted(unfinished))))
+            self._out.append(Cancel(tuple(sorted(unfinished, key=str))))
         self._dirty_outputs.update(range(len(self.output_tips)))
         self._publish()
         self._out.append(Fail(reason))
@@ -650,9 +650,9 @@ class ExplorationState:
                 self.let_go.add(key)
         self._candidates.clear()
         if cancel:  # first: what they would have read is released just after
-            self._out.append(Cancel(tuple(sorted(cancel))))
+            self._out.append(Cancel(tuple(sorted(cancel, key=str))))
         if release:
-            self._out.append(Release(tuple(sorted(release))))
+            self._out.append(Release(tuple(sorted(release, key=str))))
 
     # ---- views ----------------------------------------------------------------------------------
     def _task(self, key: str) -> Any:

@@ -1,0 +1,147 @@
+"""Dask collections as step values (docs/architecture.md §8): compile-time rules without a
+cluster, then real runs on LocalClusters of worker processes over real Parquet files."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from graph import PipelineError
+from graph.collections import CollectionWarning, Partitioned
+from graph.state import Cancel, ExplorationState, MetricRead, Release, Start, Submit, TaskFinished
+from pipelines import Pipeline, eager, grid
+from tests import collection_steps as cs
+
+METHODS = ("drop", "zero", "mean")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return cs.write_table(tmp_path_factory.mktemp("table"), parts=4, rows=2000)
+
+
+def exploration(files, log="", k=None, threshold=None):
+    src = Pipeline("coll").source(cs.table, files=files, log=log)
+    cleaned = src.explore("clean", *[grid(cs.clean, method=[m], log=[log]) for m in METHODS])
+    feats = cleaned.explore("features", grid(cs.select, cols=[("x1", "x2"), ("x1", "x2", "x3")]))
+    scored = feats.explore("model", grid(cs.score, w=[0.5, 1.0]))
+    return scored.choose("mse", mode="min", k=k, threshold=threshold)
+
+
+def partition_keys(compiled):
+    return [k for k in compiled.graph if isinstance(k, tuple)]
+
+
+# ---- compiling (client side, nothing runs) ----------------------------------------------------------
+def test_collection_graphs_join_the_exploration_partition_by_partition(files):
+    c = exploration(files).compile()
+    parts = partition_keys(c)
+    reads = {k for k in parts if k[0].startswith("read_part") or k[0].startswith("frommap")}
+    assert len(reads) == 4  # one read task per file, shared by all 12 branches
+    assert c.unique_tasks < c.naive_tasks  # partitions counted, shared ones once
+    for cp in c.chooses:
+        for b in cp.inputs:
+            assert sum(k in reads for k in b.lineage) == 4  # every branch lists the partitions it needs
+    # deterministic: compiling again gives the same keys (Dask's tokens, Quiver's step keys)
+    assert set(exploration(files).compile().graph) == set(c.graph)
+
+
+def test_a_bad_column_is_a_pipeline_error_naming_the_node_before_anything_runs(files, tmp_path):
+    node = Pipeline("bad").source(cs.table, files=files, log=str(tmp_path)).then(cs.wrong_column)
+    with pytest.raises(PipelineError, match=r"pipeline 'bad', then\(wrong_column\).*no_such_column"):
+        node.compile()
+    with pytest.raises(PipelineError, match="then\\(wrong_column\\)"):
+        node.run(workers=1, quiet=True, progress=False)  # refused before a cluster starts
+    assert os.listdir(tmp_path) == []  # nothing was read
+
+
+def test_steps_that_compute_are_plain_steps_and_say_so(files):
+    src = Pipeline("plain").source(cs.table, files=files)
+    with pytest.warns(CollectionWarning, match="4 partitions"):
+        c = src.then(cs.n_rows).compile()
+    (b,) = c.branches
+    assert b.lazy is None and b.key in c.graph  # a plain task, reading the computed table
+    with pytest.warns(CollectionWarning):
+        c2 = src.then(eager(cs.select), cols=("x1",)).compile()  # eager: plain without a trial
+    assert c2.branches[0].lazy is None
+
+
+def test_a_lazy_marked_step_on_a_plain_value_is_refused(files):
+    from pipelines import lazy
+
+    def load():
+        return 1
+
+    with pytest.raises(PipelineError, match="marked lazy.*plain value"):
+        Pipeline("mix").source(load).then(lazy(cs.select), cols=("x1",)).compile()
+
+
+def test_first_k_above_threshold_cancels_partition_tasks_and_drops_release_them(files):
+    c = exploration(files, k=1, threshold=1e9).compile()  # the first branch to finish meets it
+    s = ExplorationState(c)
+    (sub,) = [i for i in s.handle(Start()) if isinstance(i, Submit)]
+    first = c.chooses[0].inputs[0]
+    for k in first.lineage:
+        s.handle(TaskFinished(k))
+    mk = c.chooses[0].metric_keys[0]
+    s.handle(TaskFinished(mk))
+    out = s.handle(MetricRead(mk, 1.0, {}))
+    cancelled = {n for i in out if isinstance(i, Cancel) for n in i.names}
+    released = {n for i in out if isinstance(i, Release) for n in i.names}
+    mine = set(first.lineage)
+    others = {k for b in c.chooses[0].inputs[1:] for k in b.lineage} - mine
+    assert {k for k in others if isinstance(k, tuple)} <= cancelled  # unfinished partitions of the rest
+    assert not cancelled & mine
+    # the kept branch's partitions are released once nothing needs them (its metric is in)
+    assert any(isinstance(k, tuple) for k in released)
+
+
+# ---- running ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_shared_partitions_run_once_and_match_plain_dask(files, client, tmp_path):
+    import dask
+
+    log = str(tmp_path)
+    r = exploration(files, log=log).run(client, quiet=True, progress=False)
+    marks = os.listdir(log)
+    # each file read once, each cleaning of each partition once, for 12 branches
+    assert sum(m.startswith("read-") for m in marks) == 4
+    for m in METHODS:
+        assert sum(m2.startswith(f"clean-{m}-") for m2 in marks) == 4
+    s = r.stats
+    assert s["executed_tasks"] == s["unique_tasks"] < s["naive_tasks"]
+    assert (r.table["status"] == "ok").all() and r.table["chosen"].sum() == 1
+    # the same numbers as each branch's collection pipeline computed by plain Dask
+    for _, row in r.table.iterrows():
+        df = cs.clean(cs.table.__wrapped__(files), row["clean.method"])
+        out = cs.score(cs.select(df, row["features.cols"]), row["model.w"])
+        (mse,) = dask.compute(out["mse"], scheduler="sync")
+        assert row["mse"] == pytest.approx(mse, rel=1e-12)
+    best = r.table.loc[r.table["mse"].idxmin()]
+    assert r.chosen.index[0] == best.name
+    assert r.value["mse"] == pytest.approx(best["mse"])
+
+
+def test_a_kept_collection_stays_distributed(files, client):
+    node = Pipeline("keep").source(cs.table, files=files).explore(
+        "clean", *[grid(cs.clean, method=[m]) for m in ("drop", "zero")])
+    r = node.run(client, quiet=True, progress=False)
+    drop, zero = r.value
+    assert type(drop).__name__ == "DataFrame" and drop.npartitions == 4
+    futures = [v for v in dict(drop.__dask_graph__()).values()]
+    assert futures and all(type(f).__name__ in ("Future", "DataNode", "Alias") or hasattr(f, "key") for f in futures)
+    assert r.stats["executed_tasks"] == r.stats["unique_tasks"]  # persisting ran nothing again
+    local = cs.clean(cs.table.__wrapped__(files), "zero").compute(scheduler="sync")
+    got = r.compute_value()[1]
+    assert got.reset_index(drop=True).equals(local.reset_index(drop=True))
+    assert r.table["status"].eq("ok").all()

@@ -36,13 +36,21 @@ def _mark(log, what: str) -> None:
             pass
 
 
-def read_part(file: str, log: str = "") -> pd.DataFrame:
+def read_part(file: str, log: str = "", backend: str = "pandas") -> pd.DataFrame:
     _mark(log, "read-" + os.path.basename(file))
+    if backend == "cudf":  # GPU hosts: the same table as a cudf frame
+        import cudf
+
+        return cudf.read_parquet(file)
     return pd.read_parquet(file)
 
 
-def clean_part(df: pd.DataFrame, fill, method: str, log: str = "") -> pd.DataFrame:
+def clean_part(df: pd.DataFrame, fill, method: str, log: str = "", pause: float = 0.0) -> pd.DataFrame:
     _mark(log, f"clean-{method}")
+    if pause:
+        import time
+
+        time.sleep(pause)
     if method == "drop":
         return df.dropna()
     if method == "zero":
@@ -51,16 +59,20 @@ def clean_part(df: pd.DataFrame, fill, method: str, log: str = "") -> pd.DataFra
 
 
 @lazy
-def table(files, log=""):
+def table(files, log="", backend="pandas"):
     import dask.dataframe as dd
 
     meta = pd.DataFrame({c: pd.Series(dtype="float64") for c in COLUMNS + ("y",)})
-    return dd.from_map(read_part, list(files), log=log, meta=meta)  # meta: no partition read to infer it
+    if backend == "cudf":
+        import cudf
+
+        meta = cudf.from_pandas(meta)
+    return dd.from_map(read_part, list(files), log=log, backend=backend, meta=meta)  # meta: no partition read to infer it
 
 
-def clean(df, method, log=""):
+def clean(df, method, log="", pause=0.0):
     fill = df.mean() if method == "mean" else 0.0
-    return df.map_partitions(clean_part, fill, method=method, log=log, meta=df._meta)
+    return df.map_partitions(clean_part, fill, method=method, log=log, pause=pause, meta=df._meta)
 
 
 def select(df, cols):

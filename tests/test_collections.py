@@ -22,9 +22,9 @@ def files(tmp_path_factory):
     return cs.write_table(tmp_path_factory.mktemp("table"), parts=4, rows=2000)
 
 
-def exploration(files, log="", k=None, threshold=None):
-    src = Pipeline("coll").source(cs.table, files=files, log=log)
-    cleaned = src.explore("clean", *[grid(cs.clean, method=[m], log=[log]) for m in METHODS])
+def exploration(files, log="", k=None, threshold=None, pause=0.0, backend="pandas"):
+    src = Pipeline("coll").source(cs.table, files=files, log=log, backend=backend)
+    cleaned = src.explore("clean", *[grid(cs.clean, method=[m], log=[log], pause=[pause]) for m in METHODS])
     feats = cleaned.explore("features", grid(cs.select, cols=[("x1", "x2"), ("x1", "x2", "x3")]))
     scored = feats.explore("model", grid(cs.score, w=[0.5, 1.0]))
     return scored.choose("mse", mode="min", k=k, threshold=threshold)
@@ -145,3 +145,62 @@ def test_a_kept_collection_stays_distributed(files, client):
     got = r.compute_value()[1]
     assert got.reset_index(drop=True).equals(local.reset_index(drop=True))
     assert r.table["status"].eq("ok").all()
+
+
+COLS = ["clean.method", "features.cols", "model.w", "mse", "rows", "status", "chosen"]
+
+
+def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files):
+    import signal
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        reference = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
+        pids = c.run(os.getpid)
+        victim = pids[sorted(pids)[1]]
+        timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))  # 12 cleanings of 0.3 s on 2 workers
+        timer.start()
+        try:
+            result = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
+        finally:
+            timer.cancel()
+    assert result.table[COLS].equals(reference.table[COLS])
+    assert result.value == reference.value
+    # Dask recomputed the partitions the dead worker held (the scheduler's count shows it)
+    assert result.stats["executed_tasks"] > reference.stats["executed_tasks"]
+
+
+def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_limit(tmp_path):
+    MiB = 2**20
+    budget = 1024 * MiB  # two workers of 512 MiB; an idle worker with pandas and pyarrow takes ~270 MiB
+    files = cs.write_table(tmp_path / "big", parts=12, rows=150_000)  # 12 partitions of ~6 MiB
+    node = (Pipeline("budget").source(cs.table, files=files)
+            .explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
+            .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))
+    r = node.run(workers=2, memory_budget=budget, quiet=True, progress=False)
+    s = r.stats
+    assert s["measured_result_bytes"] > budget  # the partitions it computed total more than the budget
+    assert s["spilled_bytes"] > 0 and s["read_back_bytes"] > 0  # the workers' own spill counters
+    assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2  # never near the nanny's kill line
+    assert (r.table["status"] == "ok").all()
+    assert r.chosen.index[0] == r.table["mse"].idxmin()
+    plan = r.memory_plan
+    parts = [d for d in plan.decisions.values() if isinstance(d.key, tuple)]
+    assert parts and all(d.source == "measured" for d in parts)  # the plan sized each partition
+
+
+@pytest.mark.gpu
+def test_the_same_exploration_on_dask_cudf(files, tmp_path):
+    cudf = pytest.importorskip("cudf", reason="cudf/dask-cudf not installed (pip install 'quiver[cudf]')")
+    pytest.importorskip("dask_cudf")
+    try:
+        cudf.Series([1]).sum()
+    except Exception as exc:  # installed, but no usable GPU
+        pytest.skip(f"no usable GPU: {exc}")
+    gpu = exploration(files, backend="cudf").run(workers=1, quiet=True, progress=False)
+    cpu = exploration(files).run(workers=1, quiet=True, progress=False)
+    assert gpu.table["mse"].to_numpy() == pytest.approx(cpu.table["mse"].to_numpy(), rel=1e-9)
+    assert gpu.chosen.index.equals(cpu.chosen.index)

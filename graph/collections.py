@@ -73,6 +73,8 @@ logger = logging.getLogger(__name__)
 
 #: the attribute that marks a function as a collection step (True) or a plain one (False)
 LAZY_ATTR = "__quiver_lazy__"
+#: the memory plan's first estimate of a value task or a partition's record (bytes)
+SMALL_VALUE = 1024
 #: bytes above which a plain step's computed collection input is logged as large
 LARGE_VALUE = 256 * 2**20
 
@@ -482,6 +484,9 @@ class CollectionSteps:
         tasks = value_tasks(b.key, b.lazy)
         for k, t in tasks.items():
             self.graph.setdefault(k, t)
+            # what the collection's metadata says: a partition's (bytes, length) record and a
+            # value of scalars are tiny (not the plan's 1 MiB default; measured sizes replace them)
+            self.size_hints.setdefault(k, SMALL_VALUE)
         seen = set(b.lineage)
         b = dataclasses.replace(b, lineage=b.lineage + tuple(k for k in tasks if k not in seen))
         if hold:

@@ -48,6 +48,22 @@ def test_collection_graphs_join_the_exploration_partition_by_partition(files):
     assert set(exploration(files).compile().graph) == set(c.graph)
 
 
+def test_the_memory_plan_sees_partitions_and_per_partition_hints(files):
+    import graph
+
+    node = Pipeline("plan").source(cs.table, files=files).size_hint("3 MiB").explore(
+        "clean", *[grid(cs.clean, method=[m]) for m in METHODS]).explore("model", grid(cs.score, w=[1.0]))
+    c = node.choose("mse", mode="min").compile()
+    reads = cs.table.__wrapped__(files).__dask_keys__()  # the source's output partitions
+    assert len(reads) == 4 and all(c.size_hints[k] == 3 * 2**20 for k in reads)  # node.size_hint: per partition
+    plan = graph.plan_memory(c, "1 GiB", workers=2, baseline=200 * 2**20)
+    assert {k for k in plan.order if isinstance(k, tuple)} >= set(reads)  # the plan walks partition tasks
+    assert plan.decisions[reads[0]].source == "hint" and plan.fits
+    # a branch's value task (scalars, partition records) is planned as small, not as the 1 MiB default
+    value = c.chooses[0].inputs[0].key
+    assert plan.decisions[value].nbytes <= 1024
+
+
 def test_a_bad_column_is_a_pipeline_error_naming_the_node_before_anything_runs(files, tmp_path):
     node = Pipeline("bad").source(cs.table, files=files, log=str(tmp_path)).then(cs.wrong_column)
     with pytest.raises(PipelineError, match=r"pipeline 'bad', then\(wrong_column\).*no_such_column"):

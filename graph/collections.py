@@ -474,6 +474,18 @@ class CollectionSteps:
         (ck,) = tasks
         return ck, (ck,)
 
+    def choose_input(self, where: str, b: Any) -> Any:
+        """``b`` as a choose input: its metric is read off its value task, so the value must
+        not be a whole partitioned collection (a choose needs a reduction)."""
+        if b.lazy is not None and is_partitioned(b.lazy):
+            raise PipelineError(
+                f"{where}: the branches reaching this choose are Dask collections "
+                f"({type(b.lazy).__name__}), and a choose reads one number per branch. Add a step "
+                "before it that returns a dict of Dask scalars (a reduction over the partitions), e.g. "
+                "lambda df: {'mse': ((df.pred - df.y) ** 2).mean()}."
+            )
+        return self.with_value(b)
+
     def with_value(self, b: Any, hold: bool = False) -> Any:
         """``b`` with its value task in the graph and lineage (a choose reads it, or it is an
         output: ``hold`` adds the partitions the run keeps for the user)."""

@@ -331,7 +331,7 @@ class _Compiler:
     def _choose(self, spec: ChooseSpec) -> list[Branch]:
         inputs = self.branches(spec.input)
         if any(b.lazy is not None for b in inputs):  # the metric is read off the value task
-            inputs = [self.collections.with_value(b) for b in inputs]
+            inputs = [self.collections.choose_input(describe(spec), b) for b in inputs]
         index = len(self.chooses)
         where = describe(spec)
         mkeys = []

@@ -84,6 +84,12 @@ def test_steps_that_compute_are_plain_steps_and_say_so(files):
     assert c2.branches[0].lazy is None
 
 
+def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
+    node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
+    with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):
+        node.choose("mse").compile()
+
+
 def test_a_lazy_marked_step_on_a_plain_value_is_refused(files):
     from pipelines import lazy
 

@@ -247,6 +247,17 @@ def _topological(graph: dict) -> dict:
     return out
 
 
+def _index(key: Any) -> tuple:
+    """A partition key's index: ``("fillna-ab12", 3)`` -> ``(3,)``; ``()`` for a plain key."""
+    return key[1:] if isinstance(key, tuple) else ()
+
+
+def _combines(deps: Any) -> bool:
+    """Whether a task reads several partitions of one layer (a reduction's combine)."""
+    layers = [d[0] for d in deps if isinstance(d, tuple)]
+    return len(layers) != len(set(layers))
+
+
 def _flat(keys: Any) -> list:
     if isinstance(keys, list):
         return [k for sub in keys for k in _flat(sub)]
@@ -405,6 +416,19 @@ def finish_value(client: Any, value: Any, compute: bool) -> Any:
     return repack([next(it_p) if is_partitioned(c) else next(it_s) for c in colls])[0]
 
 
+def compute_value(client: Any, value: Any) -> Any:
+    """``value`` with its collections computed through ``client`` (``value`` when it holds none)."""
+    if not contains_collection(value):
+        return value
+    if client is None:
+        raise RuntimeError("this result's collections need the cluster the run used, which is closed")
+    from dask.base import unpack_collections
+
+    colls, repack = unpack_collections(value)
+    futures = client.compute(colls, optimize_graph=False)  # the run's keys: what it holds is not run again
+    return repack(client.gather(futures))[0]
+
+
 # ---- the compiler's side (one call site per kind of node in graph/compiler.py) -------------------
 class CollectionSteps:
     """What the compiler asks about collections while it builds branches.
@@ -505,15 +529,54 @@ class CollectionSteps:
             b = dataclasses.replace(b, parts=partition_keys(b.lazy))
         return b
 
+    def fuse(self, metric_graph: Mapping, branches: list, chooses: list) -> list:
+        """Fuse each collection task into the one task that reads it, partition by partition,
+        with Dask's ``Task.fuse`` (the fused task keeps its reader's key): fewer tasks and no
+        intermediate results to hold. A task is fused into its reader only when nothing else
+        reads it (so a partition two branches share stays one task), it is the same partition
+        (same index), it has no ``size_hint`` and the reader is not a combine of several
+        partitions of one layer (a reduction tree: fusing would move partitions to it).
+        Rewrites the lineages; returns the new ``branches``."""
+        import dataclasses
 
-def compute_value(client: Any, value: Any) -> Any:
-    """``value`` with its collections computed through ``client`` (``value`` when it holds none)."""
-    if not contains_collection(value):
-        return value
-    if client is None:
-        raise RuntimeError("this result's collections need the cluster the run used, which is closed")
-    from dask.base import unpack_collections
+        from dask._task_spec import Task
 
-    colls, repack = unpack_collections(value)
-    futures = client.compute(colls, optimize_graph=False)  # the run's keys: what it holds is not run again
-    return repack(client.gather(futures))[0]
+        coll = {k for tasks in self.tasks.values() for k, _ in tasks}
+        dependents: dict = {}
+        for g in (self.graph, metric_graph):
+            for k, t in g.items():
+                for d in t.dependencies:
+                    dependents.setdefault(d, []).append(k)
+        into = {}  # d -> the task it is fused into
+        for d in coll:
+            readers = dependents.get(d, ())
+            if len(readers) != 1 or d in self.size_hints:
+                continue
+            (k,) = readers
+            if k in coll and _index(d) == _index(k) and not _combines(self.graph[k].dependencies):
+                into[d] = k
+        if not into:
+            return branches
+
+        def root(k: Any) -> Any:
+            while k in into:
+                k = into[k]
+            return k
+
+        groups: dict = {}
+        for d in into:
+            groups.setdefault(root(d), []).append(d)
+        order = {k: i for i, k in enumerate(self.graph)}  # the graph lists inputs before readers
+        for r, members in groups.items():
+            tasks = [self.graph[k] for k in sorted(members, key=order.__getitem__)] + [self.graph[r]]
+            self.graph[r] = Task.fuse(*tasks, key=r)
+        removed = set(into)
+        for k in removed:
+            del self.graph[k]
+
+        def trim(b: Any) -> Any:
+            return dataclasses.replace(b, lineage=tuple(k for k in b.lineage if k not in removed))
+
+        for cp in chooses:
+            cp.inputs = [trim(b) for b in cp.inputs]
+        return [trim(b) for b in branches]

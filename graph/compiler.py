@@ -376,6 +376,8 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
     branches = c.branches(spec)
     if any(b.lazy is not None for b in branches):  # outputs hold their partitions (graph/collections.py)
         branches = [c.collections.with_value(b, hold=True) for b in branches]
+    if c._collections is not None:  # linear chains of partition tasks become one task each
+        branches = c.collections.fuse(c.metric_graph, branches, c.chooses)
     dependents = dependents_of(c.graph)
     return CompiledPipeline(
         graph=c.graph,

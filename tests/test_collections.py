@@ -30,16 +30,11 @@ def exploration(files, log="", k=None, threshold=None, pause=0.0, backend="panda
     return scored.choose("mse", mode="min", k=k, threshold=threshold)
 
 
-def partition_keys(compiled):
-    return [k for k in compiled.graph if isinstance(k, tuple)]
-
-
 # ---- compiling (client side, nothing runs) ----------------------------------------------------------
 def test_collection_graphs_join_the_exploration_partition_by_partition(files):
     c = exploration(files).compile()
-    parts = partition_keys(c)
-    reads = {k for k in parts if k[0].startswith("read_part") or k[0].startswith("frommap")}
-    assert len(reads) == 4  # one read task per file, shared by all 12 branches
+    reads = set(cs.table.__wrapped__(files).__dask_keys__())  # the source's partitions
+    assert reads <= set(c.graph) and len(reads) == 4  # one task per file, shared by all 12 branches
     assert c.unique_tasks < c.naive_tasks  # partitions counted, shared ones once
     for cp in c.chooses:
         for b in cp.inputs:
@@ -204,12 +199,15 @@ def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_lim
             .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))
     r = node.run(workers=2, memory_budget=budget, quiet=True, progress=False)
     s = r.stats
-    assert s["measured_result_bytes"] > budget  # the partitions it computed total more than the budget
+    plan = r.memory_plan
+    # the partitions it computed total several times what results may hold (the budget less the
+    # workers' idle memory, ~270 MiB each with pandas and pyarrow: a CI-sized table cannot exceed
+    # the whole budget within seconds; the benchmark and example do, at scale)
+    assert s["measured_result_bytes"] > 3 * plan.worker_data_budget * plan.workers
     assert s["spilled_bytes"] > 0 and s["read_back_bytes"] > 0  # the workers' own spill counters
     assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2  # never near the nanny's kill line
     assert (r.table["status"] == "ok").all()
     assert r.chosen.index[0] == r.table["mse"].idxmin()
-    plan = r.memory_plan
     parts = [d for d in plan.decisions.values() if isinstance(d.key, tuple)]
     assert parts and all(d.source == "measured" for d in parts)  # the plan sized each partition
 

@@ -401,19 +401,48 @@ def warn_plain(where: str, label: str, value: Any) -> None:
 
 
 # ---- the kept value -----------------------------------------------------------------------------
-def finish_value(client: Any, value: Any, compute: bool) -> Any:
-    """The kept branch's value for the user: its partitioned collections persisted on the
-    cluster (the run still holds their partitions, so nothing runs again) and its scalars
-    computed; with ``compute`` the whole value computed and gathered."""
+def finish_value(client: Any, value: Any, gathered: Any, compute: bool) -> Any:
+    """The kept branch's value for the user, from its lazy ``value`` and its value task's
+    result ``gathered`` (scalars computed, :class:`Partitioned` records in place of
+    partitioned collections): each partitioned collection persisted on the cluster (the run
+    still holds its partitions, so nothing runs again), or with ``compute`` computed and
+    gathered here."""
     from dask.base import unpack_collections
 
-    if compute:
-        return compute_value(client, value)
     colls, repack = unpack_collections(value)
-    persisted = client.persist([c for c in colls if is_partitioned(c)], optimize_graph=False)
-    scalars = client.gather(client.compute([c for c in colls if not is_partitioned(c)], optimize_graph=False))
-    it_p, it_s = iter(persisted), iter(scalars)
-    return repack([next(it_p) if is_partitioned(c) else next(it_s) for c in colls])[0]
+    if not any(is_partitioned(c) for c in colls):
+        return gathered
+    slots: dict[int, Any] = {}
+    _read_slots(repack([_Slot(i) for i in range(len(colls))])[0], gathered, slots)
+    parts = [c for c in colls if is_partitioned(c)]
+    if compute:
+        done = client.gather(client.compute(parts, optimize_graph=False))
+    else:
+        done = client.persist(parts, optimize_graph=False)
+    it = iter(done)
+    return repack([next(it) if is_partitioned(c) else slots[i] for i, c in enumerate(colls)])[0]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    i: int
+
+
+def _read_slots(template: Any, actual: Any, out: dict) -> None:
+    """Where ``template`` (a value repacked with slots) has slot ``i``, ``out[i]`` is ``actual``'s value."""
+    if isinstance(template, _Slot):
+        out[template.i] = actual
+    elif isinstance(template, Mapping):
+        for k, t in template.items():
+            _read_slots(t, actual[k], out)
+    elif isinstance(template, (list, tuple)):
+        for t, a in zip(template, actual):
+            _read_slots(t, a, out)
+    elif _is_dataclass(template):
+        import dataclasses
+
+        for f in dataclasses.fields(template):
+            _read_slots(getattr(template, f.name), getattr(actual, f.name), out)
 
 
 def compute_value(client: Any, value: Any) -> Any:

@@ -87,6 +87,16 @@ def score(df, w):
     return {"mse": ((pred - df.y) ** 2).mean(), "rows": df.y.count()}
 
 
+def score_and_keep(df, w):
+    """:func:`score`, with the table itself in the value (a partitioned collection in a mapping)."""
+    return {**score(df, w), "table": df}
+
+
+def summary(value):
+    """A plain step after a choose: gets the kept value computed (pandas)."""
+    return {"mse": value["mse"], "rows": len(value["table"]), "kind": type(value["table"]).__module__.split(".")[0]}
+
+
 def wrong_column(df):
     return df[["no_such_column"]]
 

@@ -227,8 +227,21 @@ def collection_tasks(value: Any) -> dict:
     dsk: dict = {}
     for c in colls:
         dsk.update(dict(c.__dask_graph__()))
-    graph = convert_legacy_graph(dsk)
+    graph = {k: _rekey(k, t) for k, t in convert_legacy_graph(dsk).items()}
     return _topological(graph)
+
+
+def _rekey(key: Any, node: Any) -> Any:
+    """``node`` under ``key``: Dask may file a node under another name than its own (a
+    ``Delayed`` argument of ``map_partitions`` is filed as ``(name, 0)`` but keyed ``name``);
+    fusing and recompute copies go by the node's own key, so the two must agree."""
+    if getattr(node, "key", key) == key:
+        return node
+    from dask._task_spec import Alias
+
+    if isinstance(node, Alias):
+        return Alias(key, target=node.target)
+    return node.substitute({}, key=key)
 
 
 def _topological(graph: dict) -> dict:

@@ -75,6 +75,18 @@ def clean(df, method, log="", pause=0.0):
     return df.map_partitions(clean_part, fill, method=method, log=log, pause=pause, meta=df._meta)
 
 
+def first_part_means(part: pd.DataFrame) -> pd.Series:
+    return part.mean()
+
+
+def impute_first(df):
+    """Fill with the first partition's means, passed to map_partitions as a ``Delayed``."""
+    import dask
+
+    means = dask.delayed(first_part_means, pure=True)(df.to_delayed(optimize_graph=False)[0])
+    return df.map_partitions(pd.DataFrame.fillna, means, meta=df._meta)
+
+
 def select(df, cols):
     return df[list(cols) + ["y"]]
 

@@ -43,6 +43,22 @@ def test_collection_graphs_join_the_exploration_partition_by_partition(files):
     assert set(exploration(files).compile().graph) == set(c.graph)
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_fused_tasks_keep_their_keys_with_a_delayed_argument(tmp_path, parts):
+    import dask
+
+    one = cs.write_table(tmp_path / "t", parts=parts, rows=50)
+    node = Pipeline("one").source(cs.table, files=one).explore(
+        "clean", first=cs.impute_first, zero=grid(cs.clean, method=["zero"])).then(cs.score, w=1.0).choose("mse")
+    c = node.compile()
+    assert all(getattr(t, "key", k) == k for k, t in c.graph.items())  # Dask filed the Delayed as (name, 0)
+    expected = dask.compute(cs.score(cs.impute_first(cs.table.__wrapped__(one)), 1.0)["mse"], scheduler="sync")[0]
+    from dask._task_spec import execute_graph
+
+    out = execute_graph({**c.graph, **c.metric_graph})
+    assert out[c.chooses[0].metric_keys[0]][0] == pytest.approx(expected, rel=1e-12)
+
+
 def test_the_memory_plan_sees_partitions_and_per_partition_hints(files):
     import graph
 

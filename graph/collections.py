@@ -217,18 +217,45 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
 
 
 # ---- graphs ------------------------------------------------------------------------------------
-def collection_tasks(value: Any) -> dict:
+def collection_tasks(value: Any, layers: dict | None = None) -> dict:
     """Every task of the collections in ``value`` as ``dask.task_spec`` nodes, by Dask's keys,
-    dependencies first (the order ``Branch.lineage`` lists them in)."""
+    dependencies first (the order ``Branch.lineage`` lists them in).
+
+    ``layers`` (``{expression name: its layer}``, kept by the caller) caches what a
+    ``dask.dataframe`` expression's graph is made of, as ``__dask_graph__`` builds it
+    (``lower_completely`` then one ``_layer()`` per expression): branches share their
+    upstream expressions, so each layer is built once per compile instead of once per step."""
     from dask._task_spec import convert_legacy_graph
     from dask.base import unpack_collections
 
     colls, _ = unpack_collections(value)
     dsk: dict = {}
     for c in colls:
-        dsk.update(dict(c.__dask_graph__()))
+        expr = getattr(c, "expr", None)
+        if layers is not None and hasattr(expr, "lower_completely") and hasattr(expr, "_layer"):
+            dsk.update(_expr_graph(expr.lower_completely(), layers))
+        else:
+            dsk.update(dict(c.__dask_graph__()))
     graph = {k: _rekey(k, t) for k, t in convert_legacy_graph(dsk).items()}
     return _topological(graph)
+
+
+def _expr_graph(expr: Any, layers: dict) -> dict:
+    """``expr.__dask_graph__()`` (dask's ``Expr.__dask_graph__``: each expression's
+    ``_layer()``, merged), with the layers of expressions already seen taken from ``layers``."""
+    out: dict = {}
+    stack, seen = [expr], set()
+    while stack:
+        e = stack.pop()
+        if e._name in seen:
+            continue
+        seen.add(e._name)
+        layer = layers.get(e._name)
+        if layer is None:
+            layer = layers[e._name] = e._layer()
+        out.update(layer)
+        stack.extend(e.dependencies())
+    return out
 
 
 def _rekey(key: Any, node: Any) -> Any:
@@ -485,10 +512,11 @@ class CollectionSteps:
         self.make_branch = make_branch
         self.values: dict[str, Any] = {}  # step key -> its lazy value (each step applied once)
         self.tasks: dict[str, tuple] = {}  # step key -> its value's collection tasks
+        self.layers: dict[str, dict] = {}  # dask expression name -> its layer (built once)
 
     def _branch(self, key: str, value: Any, call: Any, items: tuple, lineage: tuple, gates: tuple) -> Any:
         if key not in self.tasks:
-            self.tasks[key] = tuple(collection_tasks(value).items())
+            self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
         for k, task in self.tasks[key]:
             self.graph.setdefault(k, task)
         if call.size_hint is not None:  # node.size_hint: bytes per partition of the step's output

@@ -19,9 +19,11 @@ tried is a ``PipelineError`` naming the node, raised before anything runs.
 deterministic keys, not optimised per branch: fusing or projecting one branch's
 graph would rename partitions other branches share) becomes part of the
 exploration's graph, partition by partition, so a partition that several branches
-reach (the same file read, the same cleaning) is one task.  A branch's ``lineage``
-lists its partition tasks, so ``naive_tasks``/``unique_tasks``/``executed_tasks``
-count partitions.
+reach (the same file read, the same cleaning) is one task.  Then a task only one
+task reads, for the same partition, is fused into that reader (``Task.fuse``,
+:meth:`CollectionSteps.fuse`), so what is shared stays shared.  A branch's
+``lineage`` lists its partition tasks, so ``naive_tasks``/``unique_tasks``/
+``executed_tasks`` count partitions.
 
 **Values.** The branch's key names its *value task*, added when something reads it:
 scalars (a Dask scalar, a 0-d array, ``Delayed``) are computed in it, and each

@@ -215,7 +215,7 @@ def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files, client, 
 def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_limit(tmp_path):
     MiB = 2**20
     budget = 900 * MiB  # two workers of 450 MiB; an idle worker with pandas and pyarrow takes ~270 MiB
-    files = cs.write_table(tmp_path / "big", parts=12, rows=150_000)  # 12 partitions of ~6 MiB
+    files = cs.write_table(tmp_path / "big", parts=8, rows=150_000)  # 8 partitions of ~6 MiB
     node = (Pipeline("budget").source(cs.table, files=files)
             .explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
             .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))

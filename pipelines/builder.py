@@ -311,7 +311,9 @@ class Node:
         give their metric for the same reason, the run ends at once with a ``RunError``
         naming it; ``"continue"``: run every branch anyway), ``pack`` (``True``, the default:
         ``gpu.train`` branches that can share a worker train together as one stacked group,
-        see ``graph.packing``; ``False``: every branch trains alone).
+        see ``graph.packing``; ``False``: every branch trains alone), ``compute_value`` (a kept
+        value holding Dask collections is computed and gathered; default: persisted on
+        the cluster, which an embedded cluster keeps open until ``Result.close()``).
         """
         from .runner import run_node
 

@@ -26,6 +26,7 @@ def run_node(
     on_metric_error: str = "stop",
     stall_timeout: float | None = None,
     pack: bool = True,
+    compute_value: bool = False,
 ) -> Result:
     import graph
     from graph.cluster import connect
@@ -74,14 +75,17 @@ def run_node(
             from graph.cluster import default_workers
 
             plan_memory(compiled, memory_budget, workers=workers or default_workers())
-    with connect(
-        client,
-        memory_budget=memory_budget if client is None else None,
-        n_workers=workers,
-        threads_per_worker=threads_per_worker,
-        memory_limit=memory_limit,
-        quiet=quiet,
-    ) as c:
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        c = stack.enter_context(connect(
+            client,
+            memory_budget=memory_budget if client is None else None,
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            memory_limit=memory_limit,
+            quiet=quiet,
+        ))
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 
@@ -99,11 +103,16 @@ def run_node(
                 disk_bandwidth=disk_bandwidth,
                 stall_timeout=stall_timeout,
                 on_metric_error=on_metric_error,
+                compute_value=compute_value,
             )
         except graph.RunError as exc:
             exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
             restore_table(exc.table, compiled)
             raise
+        # persisted Dask collections live on the cluster: an embedded one stays open for them
+        # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
+        distributed = any(b.parts for b in compiled.branches) and not compute_value
+        close = stack.pop_all().close if distributed else None
     packed = getattr(compiled, "packed", None)
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)
@@ -120,4 +129,6 @@ def run_node(
         stats=record.stats,
         compiled=compiled,
         memory_plan=record.memory_plan,
+        client=c if distributed else None,
+        _close=close,
     )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,9 @@ from typing import Any
 from dask.task_spec import Task, TaskRef
 
 from .errors import PipelineError
+from .iterative import is_iterative, iterative_task
 from .keys import TokenizationError, metric_key, step_key
+from .scalars import scalar_entries
 from .shipping import shippable
 from .spec import (
     Call,
@@ -144,20 +145,6 @@ class CompiledPipeline:
         )
 
 
-def scalar_entries(value: Any) -> dict[str, Any]:
-    """The small scalar entries (numbers, booleans, short strings) of a mapping output."""
-    out: dict[str, Any] = {}
-    if not isinstance(value, Mapping):
-        return out
-    for k, v in value.items():
-        if hasattr(v, "item") and getattr(v, "shape", None) == ():
-            v = v.item()  # numpy / torch scalars
-        if isinstance(k, str) and isinstance(v, (numbers.Number, str)) and not isinstance(v, complex):
-            if not isinstance(v, str) or len(v) <= 200:
-                out[k] = v
-    return out
-
-
 def metric_failure_cause(error: str | None) -> str:
     """The reason a metric read failed, without what differs from branch to branch (which
     values, which keys), so that two branches failing alike give the same cause.
@@ -223,7 +210,9 @@ class _Compiler:
                 "Use plain parameter values or give objects a __dask_tokenize__ method."
             ) from None
         if key not in self.graph:
-            self.graph[key] = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
+            task = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
+            # an iterative step reports as it runs (docs/architecture.md §7.2); the key is unchanged
+            self.graph[key] = iterative_task(task) if is_iterative(call.fn) else task
         if call.size_hint is not None:
             self.size_hints[key] = int(call.size_hint)
         return key
@@ -294,6 +283,11 @@ class _Compiler:
         where = describe(spec)
         mkeys = []
         for b in inputs:
+            if spec.prune is not None:  # the input steps wait at the rule's rungs for the run's answer
+                try:
+                    self.graph[b.key] = iterative_task(self.graph[b.key], spec.prune)
+                except ValueError as exc:
+                    raise PipelineError(f"{where}: {exc}") from None
             mk = metric_key(spec.metric, b.key)
             if mk not in self.metric_graph:
                 self.metric_graph[mk] = Task(mk, extract_metric, TaskRef(b.key), shippable(spec.metric), where)

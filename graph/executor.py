@@ -34,6 +34,7 @@ from .monitor import RunMonitor, snapshot_on_scheduler
 from .progress import Progress
 from .state import (
     Abort,
+    Answer,
     Cancel,
     ChooseDecided,
     ExplorationState,
@@ -44,6 +45,7 @@ from .state import (
     MetricRead,
     Publish,
     Release,
+    Report,
     Start,
     Submit,
     TaskCancelled,
@@ -104,7 +106,26 @@ class ExplorationDriver:
         self.futures: dict[str, Future] = {}
         self.events: queue.Queue = queue.Queue()
         self.started: float | None = None  # the first submission
+        self.ended: float | None = None  # the run's loop ended
         self.first_result: float | None = None  # seconds from the first submission to the first result
+        self.first_rung: float | None = None  # seconds from the first submission to the first rung answer
+        self.channel: Any = None  # graph.iterative.ReportChannel, when the run has iterative steps
+
+    def open_reports(self) -> None:
+        """Listen to the run's iterative steps (``graph.iterative.ReportChannel``): each
+        report becomes a :class:`Report` event; the machine's :class:`Answer` goes back
+        through the channel.  Close with :meth:`close_reports`."""
+        if self.state.iterative and self.channel is None:
+            from .iterative import ReportChannel
+
+            self.channel = ReportChannel(self.client, self._on_report)
+
+    def close_reports(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+    def _on_report(self, key: str, iteration: int, report: dict) -> None:
+        self.events.put(Report(key, iteration, report))  # on the client's event loop: queue it only
 
     # ---- from other threads ------------------------------------------------------------------
     def abort(self, error: BaseException | str) -> None:
@@ -136,6 +157,7 @@ class ExplorationDriver:
             if events:
                 self.apply(self.state.handle(*events))
             self._show()
+        self.ended = time.perf_counter()
         self._show(force=True)
 
     def resume(self, droppable: frozenset | None = None) -> None:
@@ -173,6 +195,14 @@ class ExplorationDriver:
                 futs = [self.futures[n] for n in ins.names]
                 values = self.client.gather(futs)  # one round trip per batch
                 todo.extend(self.state.handle(*(MetricRead(n, m, s) for n, (m, s) in zip(ins.names, values))))
+            elif isinstance(ins, Answer):
+                if self.first_rung is None:
+                    self.first_rung = time.perf_counter() - (self.started or time.perf_counter())
+                if self.channel is not None:
+                    if ins.answer == "stop":
+                        self.channel.stop(ins.name, ins.iteration)
+                    else:
+                        self.channel.resume(ins.name, ins.iteration)
             elif isinstance(ins, Release):
                 for n in ins.names:
                     self.futures.pop(n, None)
@@ -218,6 +248,35 @@ class ExplorationDriver:
         if self.publisher is not None and (force or self.publisher.due()):
             self.publisher.update(self.state.changes(), p["tasks_done"], force)
         self.progress.update(**p, force=force)
+
+
+def _iterative_stats(state: ExplorationState, driver: ExplorationDriver, snap: dict, client: Client) -> dict:
+    """``reports``, ``rungs``, ``pruned_branches``, ``time_to_first_rung_s`` and ``busy_fraction``.
+
+    ``busy_fraction``: the worker threads' compute seconds over the run (the scheduler's
+    own ``startstops`` of every task of the run that finished or failed, as
+    :class:`graph.monitor.RunMonitor` records them; a step waiting at a rung holds its
+    thread and counts as busy) divided by (worker threads x seconds from the first
+    submission to the end of the run).  Work lost with a killed worker is not counted.
+    """
+    out: dict[str, Any] = {
+        "reports": sum(len(h) for h in state.history.values()),
+        "rungs": state.rungs_answered,
+        "pruned_branches": len(state.pruned_at),
+        "time_to_first_rung_s": driver.first_rung,
+        "busy_fraction": None,
+    }
+    if driver.started is not None and driver.ended is not None:
+        try:
+            threads = sum(client.nthreads().values())
+        except Exception:  # the cluster is going away: no figure rather than a wrong one
+            threads = 0
+        span = driver.ended - driver.started
+        if threads and span > 0:
+            out["busy_fraction"] = min(1.0, sum(snap.get("seconds", {}).values()) / (threads * span))
+    if driver.channel is not None:
+        out["reports_replayed"] = driver.channel.replayed
+    return out
 
 
 def execute(
@@ -275,6 +334,7 @@ def execute(
         driver = ExplorationDriver(
             state, client, bar, publisher=publisher, budget=budgeted, depth_first=order == "depth-first"
         )
+        driver.open_reports()  # before anything is submitted: no report is missed
         if on_driver is not None:
             watcher = on_driver(driver)
         if stall_timeout:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
@@ -327,6 +387,7 @@ def execute(
             budgeted.close()
         bar.close()
         if "driver" in locals():
+            driver.close_reports()
             driver.futures.clear()
         try:
             client.unregister_scheduler_plugin(monitor.name)
@@ -346,6 +407,8 @@ def execute(
         "wall_seconds": time.perf_counter() - start,
         "first_result_seconds": driver.first_result,
     }
+    if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
+        stats.update(_iterative_stats(state, driver, snap, client))
     stats.update(budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
     stats.update(prepared.finish(client, executed))  # graph/transform.py: loads are not executions
     publisher.finish(rows, stats)  # final statuses for the dashboard

@@ -54,6 +54,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .scalars import scalar_entries
 from .spec import PruneSpec, fn_name
 
 __all__ = [
@@ -89,6 +90,18 @@ def is_iterative(fn: Any) -> bool:
     return training is not None and fn is getattr(training, "train", None)
 
 
+def _iterate_of(fn: Any) -> Callable:
+    """What to call to iterate ``fn``: its ``__quiver_iterate__`` when it has one (a step
+    like ``gpu.train`` that returns its value when called plainly and offers a generator
+    of per-iteration reports for runs that prune), else ``fn`` itself.  Looks through a
+    ``graph.shipping.ByValue`` wrapper (its ``fn``)."""
+    for f in (fn, getattr(fn, "fn", None)):
+        iterate = getattr(f, "__quiver_iterate__", None)
+        if callable(iterate):
+            return iterate
+    return fn
+
+
 def gate_name(key: str, iteration: int) -> str:
     """Name of the ``distributed.Variable`` holding the run's answer at a rung."""
     return f"quiver-gate-{key}-{iteration}"
@@ -103,9 +116,7 @@ class Pruned:
 
 
 def _scalars(report: Mapping) -> dict:
-    from .compiler import scalar_entries  # the one owner of "small scalar entries"
-
-    return scalar_entries(report)
+    return scalar_entries(report)  # the one owner of "small scalar entries"
 
 
 class _Task:
@@ -184,7 +195,7 @@ class Iterative:
         return (Iterative, (self.fn, self.prune))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        gen = self.fn(*args, **kwargs)
+        gen = _iterate_of(self.fn)(*args, **kwargs)
         if not isinstance(gen, Generator):
             return gen
         task = _Task()

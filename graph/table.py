@@ -2,8 +2,13 @@
 
 Columns: one per explore name (the alternative's label), one per parameter
 (``"<explore>.<param>"``), the choose metric columns, then scalar entries of the
-branch's final output when it is a mapping, then ``status``, ``seconds``,
+branch's final output when it is a mapping, then (when the run has an iterative step) ``iterations``, then ``status``, ``seconds``,
 ``chosen``, ``error``, ``failed_step`` and ``traceback``.
+
+``iterations``: the reports the branch's iterative steps made (docs/architecture.md §7): for a
+pruned branch, the iteration it was stopped at; 0 for a branch with no iterative step, or whose
+iterative step's value came from the result store.  The column is absent when no step of the
+run is iterative.  ``table.attrs["history"]`` (``Result.history``) lists each row's reports.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class RowState:
     failed_step: str | None = None
     has_value: bool = False
     scalars: dict = field(default_factory=dict)
+    iterations: int | None = None  # reports its iterative steps made (None: the run has no iterative step)
+    history: list = field(default_factory=list)  # those reports (dicts of their scalar entries)
+    pruned_at: int | None = None  # the iteration a pruning choose stopped it at
 
 
 def build_table(
@@ -69,6 +77,8 @@ def build_table(
                 rec[k] = v
         if r.has_value and not isinstance(value, Mapping) and "value" not in rec:
             rec.update(scalar_entries({"value": value}))  # a scalar output gets a "value" column
+        if r.iterations is not None:
+            rec["iterations"] = r.iterations
         rec["status"] = r.status
         rec["seconds"] = sum(seconds.get(k, 0.0) for k in r.branch.lineage)
         rec["chosen"] = r.chosen
@@ -78,6 +88,8 @@ def build_table(
         records.append(rec)
     fixed = list(names) + list(param_cols) + list(metric_cols)
     tail = ["status", "seconds", "chosen", "error", "failed_step", "traceback"]
+    if any(r.iterations is not None for r in rows):
+        tail.insert(0, "iterations")
     extra: dict[str, None] = {}
     for rec in records:
         for k in rec:
@@ -97,4 +109,6 @@ def build_table(
     kept_rows = sorted((i for i, r in enumerate(rows) if r.chosen and r.has_value), key=order)
     kept = [values[rows[i].branch.key] for i in kept_rows]
     table.attrs["kept_branches"] = list(kept_rows)  # the rows of ``kept``, in its order (best first)
+    if any(r.iterations is not None for r in rows):
+        table.attrs["history"] = [list(r.history) for r in rows]  # Result.history: per row, its reports
     return table, kept

@@ -39,6 +39,7 @@ from typing import Any
 from dask.task_spec import Task
 
 from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
+from .iterative import Pruned
 from .rerun import RunOnce, is_rerun_safe, once_name
 from .store import ResultStore, load_stored, write_result
 
@@ -54,7 +55,8 @@ class SaveResult:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         value = self.fn(*args, **kwargs)
-        write_result(self.path, self.key, value)
+        if not isinstance(value, Pruned):  # a pruned step stores nothing: it reruns next time
+            write_result(self.path, self.key, value)
         return value
 
 

@@ -7,6 +7,8 @@
 * Parameters: a row has a ``"<explore>.<param>"`` entry only for the parameters of the
   alternative it took, with the value the step received (``max_depth=None`` is ``null``);
   a parameter that does not apply to the branch is absent, never ``null``.
+* A run with iterative steps (docs/architecture.md §7): each row has ``iterations`` (a table
+  column) and ``history``, the list of its reports (``Result.history``).
 * Failed runs too: ``{"error": message, "table": [...every branch, with its error...], ...}``.
 
 >>> strict({"a": float("nan"), "b": [1.5, float("inf")], "c": None})
@@ -78,10 +80,12 @@ def table_records(table: Any, params: list[dict[str, Any]] | None = None, *, tra
 
     ``params`` (from :func:`branch_params`): each row's own parameters, which replace the
     table's parameter columns (there, pandas shows both a ``None`` parameter and one that
-    does not apply as ``NaN``)."""
+    does not apply as ``NaN``).  A table with ``attrs["history"]`` (a run with iterative
+    steps) gives each row its ``history`` (its reports, a list of dicts)."""
     if table is None:
         return []
     param_cols = {c for c in table.columns if "." in c and c.split(".", 1)[0] in table.columns}
+    history = table.attrs.get("history")  # iterative steps' reports per row (Result.history)
     rows = []
     for n, (i, rec) in enumerate(table.iterrows()):
         row: dict[str, Any] = {"branch": int(i) if isinstance(i, numbers.Integral) else i}
@@ -93,6 +97,8 @@ def table_records(table: Any, params: list[dict[str, Any]] | None = None, *, tra
                     row[col] = params[n][col]
                 continue
             row[col] = v
+        if history is not None:
+            row["history"] = history[n]
         rows.append(strict(row))
     return rows
 

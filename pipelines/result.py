@@ -32,6 +32,14 @@ class Result:
     memory_plan: Any = field(default=None, repr=False)
 
     @property
+    def history(self) -> list | None:
+        """Per row of ``table``, the reports its iterative steps made (a list of dicts of
+        their scalar entries, in iteration order), or ``None`` when no step of the run is
+        iterative (docs/architecture.md §7).  ``table["iterations"]`` is each list's length."""
+        attrs = getattr(self.table, "attrs", None)
+        return None if attrs is None else attrs.get("history")
+
+    @property
     def chosen(self):
         """The rows of ``table`` that were kept."""
         return self.table[self.table["chosen"]]

@@ -47,12 +47,6 @@ def run_node(
             f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
         )
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
-    pruning = [c.spec.metric_name for c in compiled.chooses if getattr(c.spec, "prune", None) is not None]
-    if pruning:  # the rule and the worker side exist (graph.pruning, graph.iterative); runs do not use them yet
-        raise graph.PipelineError(
-            f"choose({pruning[0]!r}, prune=...): pruning chooses are built and checked, but runs do not "
-            f"prune yet (see docs/architecture.md §7.2). Remove prune= to run every branch to its end."
-        )
     if store is not None:  # a bad store path is refused before a cluster starts
         from graph.store import ResultStore
 

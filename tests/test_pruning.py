@@ -308,20 +308,3 @@ def test_compiled_iterative_tasks_are_wrapped_under_their_own_keys():
     assert get_sync(wrapped, [b.key for b in c.branches]) == ({"accuracy": 0.2}, {"accuracy": 0.4})
     with pytest.raises(ValueError, match="two pruning chooses with different rules"):
         iterative_task(wrapped[c.chooses[0].inputs[0].key], PruneSpec(2, 1))
-
-
-def test_a_run_refuses_a_pruning_choose_until_runs_prune(tmp_path):
-    """Never mislead: a prune= choose is accepted by the builder, but run() says plainly that it
-    does not prune yet, before any cluster starts (an unreachable scheduler proves nothing ran)."""
-    from pipelines import Pipeline, grid, halving
-
-    def load():
-        return 1
-
-    def curve(x, lr):
-        for i in range(3):
-            yield {"acc": lr * i}
-
-    node = Pipeline("p").source(load).explore("t", grid(curve, lr=[0.1, 0.2])).choose("acc", prune=halving())
-    with pytest.raises(PipelineError, match="do not prune yet"):
-        node.run("tcp://127.0.0.1:1")

@@ -84,6 +84,10 @@ def tree_layout(branches: list[dict], root: str) -> dict:
             status = b["status"]
             metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in b["metrics"].items())
             info = f"#{b['id']} {status}" + (f"  {metrics}" if metrics else "")
+            if b.get("pruned_at") is not None:
+                info += f"  pruned at iteration {b['pruned_at']}"
+            elif b.get("iterations"):
+                info += f"  {b['iterations']} iterations"
             if b.get("error"):
                 info += f"  {b['error'][:120]}"
         else:
@@ -235,6 +239,9 @@ class ExplorationPage(_RunPage):
         # field names are prefixed so a metric or explore called "error" or "status" cannot
         # collide with the fixed columns; titles are escaped (BokehJS renders them as HTML)
         data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
+        iterative = any(b.get("iterations") is not None for b in run["branches"])
+        if iterative:  # iterative steps (docs/architecture.md §7): reports made, where pruned
+            data["iterations"], data["pruned at"] = [], []
         for col in [f"e:{e}" for e in explores] + [f"p:{p}" for p in params] + [f"m:{m}" for m in metrics]:
             data[col] = []
         for b in run["branches"]:
@@ -242,6 +249,9 @@ class ExplorationPage(_RunPage):
             data["status"].append(b["status"])
             data["chosen"].append("chosen" if b["status"] == "chosen" else "")
             data["error"].append(b["error"] or "")
+            if iterative:
+                data["iterations"].append(b.get("iterations") or 0)
+                data["pruned at"].append("" if b.get("pruned_at") is None else f"iteration {b['pruned_at']}")
             for e in explores:
                 data[f"e:{e}"].append(b["labels"].get(e, ""))
             for p in params:
@@ -257,6 +267,8 @@ class ExplorationPage(_RunPage):
         columns += [
             TableColumn(field=f"m:{m}", title=esc(m), formatter=NumberFormatter(format="0.0000")) for m in metrics
         ]
+        if iterative:
+            columns += [TableColumn(field=c, title=c) for c in ("iterations", "pruned at")]
         columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
         if [c.field for c in self.table.columns] != [c.field for c in columns]:
             self.table.columns = columns

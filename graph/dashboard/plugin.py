@@ -177,6 +177,8 @@ class QuiverDashboard(SchedulerPlugin):
                 b["scalars"].update(u.get("scalars") or {})
                 if u.get("error"):
                     b["error"] = u["error"]
+                if "iterations" in u:  # an iterative step's reports (docs/architecture.md §7)
+                    b["iterations"], b["pruned_at"] = u["iterations"], u.get("pruned_at")
             if "tasks_done" in msg:
                 run["tasks_done"] = msg["tasks_done"]
             if kind == "end":
@@ -276,6 +278,8 @@ class QuiverDashboard(SchedulerPlugin):
                     "scalars": dict(b["scalars"]),
                     "error": b["error"],
                     "key": b["key"],
+                    "iterations": b.get("iterations"),
+                    "pruned_at": b.get("pruned_at"),
                 }
             )
         counts = {s: 0 for s in STATUSES}

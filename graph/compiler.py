@@ -28,7 +28,7 @@ from typing import Any
 from dask.task_spec import Task, TaskRef
 
 from .errors import PipelineError
-from .iterative import is_iterative, iterative_task
+from .iterative import Pruned, is_iterative, iterative_task
 from .keys import TokenizationError, metric_key, step_key
 from .scalars import scalar_entries
 from .shipping import shippable
@@ -170,7 +170,13 @@ def metric_failure_cause(error: str | None) -> str:
 
 def extract_metric(value: Any, metric: Any, where: str) -> tuple[float, dict[str, Any]]:
     """Read a choose metric off a step's output (runs on a worker), with the output's
-    scalar entries so the table can show every branch's figures without moving its value."""
+    scalar entries so the table can show every branch's figures without moving its value.
+
+    A step a pruning choose stopped (``graph.iterative.Pruned``) gives NaN quietly: the run
+    cancelled this read when it stopped the step, but the cancel travels on the client's
+    batched stream and may reach the scheduler after the step returned; nothing reads it."""
+    if isinstance(value, Pruned):
+        return float("nan"), {}
     if callable(metric):
         raw = metric(value)
     else:

@@ -250,33 +250,34 @@ class ExplorationDriver:
         self.progress.update(**p, force=force)
 
 
-def _iterative_stats(state: ExplorationState, driver: ExplorationDriver, snap: dict, client: Client) -> dict:
-    """``reports``, ``rungs``, ``pruned_branches``, ``time_to_first_rung_s`` and ``busy_fraction``.
+def _busy_fraction(driver: ExplorationDriver, snap: dict, client: Client) -> float | None:
+    """The worker threads' busy fraction over the run: the compute seconds the scheduler
+    recorded (``startstops`` of every task of the run that finished or failed, as
+    :class:`graph.monitor.RunMonitor` keeps them; a step waiting at a rung holds its thread
+    and counts as busy) over (worker threads x seconds from the first submission to the end
+    of the run).  Work lost with a killed worker is not counted.  ``None`` when unknown."""
+    if driver.started is None or driver.ended is None:
+        return None
+    try:
+        threads = sum(client.nthreads().values())
+    except Exception:  # the cluster is going away: no figure rather than a wrong one
+        return None
+    span = driver.ended - driver.started
+    if not threads or span <= 0:
+        return None
+    return min(1.0, sum(snap.get("seconds", {}).values()) / (threads * span))
 
-    ``busy_fraction``: the worker threads' compute seconds over the run (the scheduler's
-    own ``startstops`` of every task of the run that finished or failed, as
-    :class:`graph.monitor.RunMonitor` records them; a step waiting at a rung holds its
-    thread and counts as busy) divided by (worker threads x seconds from the first
-    submission to the end of the run).  Work lost with a killed worker is not counted.
-    """
-    out: dict[str, Any] = {
+
+def _iterative_stats(state: ExplorationState, driver: ExplorationDriver) -> dict:
+    """``reports``, ``rungs`` (answers given), ``pruned_branches``, ``time_to_first_rung_s``
+    (first submission to the first rung answer) and ``reports_replayed``."""
+    return {
         "reports": sum(len(h) for h in state.history.values()),
         "rungs": state.rungs_answered,
         "pruned_branches": len(state.pruned_at),
         "time_to_first_rung_s": driver.first_rung,
-        "busy_fraction": None,
+        "reports_replayed": driver.channel.replayed if driver.channel is not None else 0,
     }
-    if driver.started is not None and driver.ended is not None:
-        try:
-            threads = sum(client.nthreads().values())
-        except Exception:  # the cluster is going away: no figure rather than a wrong one
-            threads = 0
-        span = driver.ended - driver.started
-        if threads and span > 0:
-            out["busy_fraction"] = min(1.0, sum(snap.get("seconds", {}).values()) / (threads * span))
-    if driver.channel is not None:
-        out["reports_replayed"] = driver.channel.replayed
-    return out
 
 
 def execute(
@@ -394,6 +395,8 @@ def execute(
         except Exception:  # the scheduler may be gone; nothing left to clean
             pass
     table, kept = build_table(compiled, rows, values, snap.get("seconds", {}))
+    if state.halving:
+        table.attrs["rungs"] = state.rung_log()  # Result.rungs: every arrival at a rung, in order
     executed = snap.get("executed", {})
     stats = {
         "naive_tasks": prepared.naive_tasks,
@@ -407,8 +410,9 @@ def execute(
         "wall_seconds": time.perf_counter() - start,
         "first_result_seconds": driver.first_result,
     }
+    stats["busy_fraction"] = _busy_fraction(driver, snap, client)
     if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
-        stats.update(_iterative_stats(state, driver, snap, client))
+        stats.update(_iterative_stats(state, driver))
     stats.update(budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
     stats.update(prepared.finish(client, executed))  # graph/transform.py: loads are not executions
     publisher.finish(rows, stats)  # final statuses for the dashboard

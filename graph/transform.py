@@ -55,7 +55,9 @@ class SaveResult:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         value = self.fn(*args, **kwargs)
-        if not isinstance(value, Pruned):  # a pruned step stores nothing: it reruns next time
+        # a pruned step stores nothing (it reruns next time), nor does a read of its value
+        # (a metric task that ran before the run's cancel reached the scheduler)
+        if not isinstance(value, Pruned) and not any(isinstance(a, Pruned) for a in (*args, *kwargs.values())):
             write_result(self.path, self.key, value)
         return value
 

@@ -40,6 +40,15 @@ class Result:
         return None if attrs is None else attrs.get("history")
 
     @property
+    def rungs(self) -> list | None:
+        """Pruning chooses' rung decisions, in arrival order per rung: dicts with ``choose``,
+        ``group`` (the ``per=`` group), ``rung``, ``iteration``, ``input`` (the branch's index
+        among the choose's inputs), ``metric``, ``continued`` and ``n`` (branches at that rung
+        when it arrived); ``None`` without a pruning choose."""
+        attrs = getattr(self.table, "attrs", None)
+        return None if attrs is None else attrs.get("rungs")
+
+    @property
     def chosen(self):
         """The rows of ``table`` that were kept."""
         return self.table[self.table["chosen"]]

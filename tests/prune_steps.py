@@ -31,11 +31,12 @@ def data() -> dict:
     return {"n": 1}
 
 
-def curve(data: dict, spec: tuple, log_dir: str, delay: float = 0.0, fail_at: int = 0, pid: bool = False):
+def curve(data: dict, spec: tuple, log_dir: str, delay: float = 0.0, pid: bool = False):
     """``spec = (name, values)``: yield ``{"score": v, "step": i}`` for each scripted ``v``;
-    return ``{"score": last, "name": name}``.  ``fail_at``: raise at that iteration;
-    ``pid``: write this worker's pid in the start mark."""
+    return ``{"score": last, "name": name}``.  A name ``"failN"`` raises at iteration N.
+    ``pid``: write this worker's pid in the start mark, and an ``iter`` mark per report."""
     name, values = spec
+    fail_at = int(name[4:]) if name.startswith("fail") else 0
     _mark(log_dir, "start", name, str(os.getpid()) if pid else "")
     done = 0
     try:
@@ -45,6 +46,8 @@ def curve(data: dict, spec: tuple, log_dir: str, delay: float = 0.0, fail_at: in
             done += 1
             if done == fail_at:
                 raise RuntimeError(f"{name} fails at iteration {done}")
+            if pid:
+                _mark(log_dir, "iter", name, str(done))
             yield {"score": v, "step": done}
         return {"score": values[-1], "name": name}
     finally:
@@ -55,3 +58,8 @@ def plain(data: dict, spec: tuple, log_dir: str = "") -> dict:
     """Not iterative: the same final figures at once."""
     name, values = spec
     return {"score": values[-1], "name": name}
+
+
+def tag(data: dict, g: str) -> dict:
+    """A first explore to group by (``choose(..., per="g")``)."""
+    return dict(data, g=g)

@@ -7,7 +7,10 @@ these metrics, release or cancel these results, show this, stop), the way
 submit and with which priority (depth-first up to the next choose), what to hold and
 release, what to recompute under a distinct name (``<key>~againN``), what each choose
 keeps (:func:`graph.ranking.decide`), when the same metric mistake stops the run, and
-every branch's status. The driver (``graph.executor``) only talks to the Client.
+every branch's status; and, for iterative steps, their reports and the pruning choose's
+halving rule (:class:`graph.pruning.Halving`): a :class:`Report` at a rung is answered with
+an :class:`Answer`, a pruned branch's step is stopped (docs/architecture.md §7.2). The
+driver (``graph.executor``) only talks to the Client.
 
 Every event costs time in what it touches, never a scan over all branches: the machine
 keeps, per key, how many unresolved live targets still need it (the rule for releasing),
@@ -244,6 +247,7 @@ class ExplorationState:
         self._dirty_outputs: set[int] = set()
         self._published: dict[int, tuple] = {}
         self._out: list = []
+        self._answers: list = []  # rung answers, given after the batch's other instructions
 
     # ---- the entry point ------------------------------------------------------------------
     def handle(self, *events: Any) -> list:
@@ -256,6 +260,9 @@ class ExplorationState:
         if self.aborted is None:
             self._settle()
         out, self._out = self._out, []
+        if self._answers:  # last: what a stop cancels (its metric read) is cancelled before the step can return
+            out.extend(self._answers)
+            self._answers = []
         return out
 
     @property
@@ -374,7 +381,7 @@ class ExplorationState:
             given = self.rung_answers.get((key, iteration))
             if given is not None and (name, iteration) not in self.answered:
                 self.answered.add((name, iteration))  # a recompute copy waits under its own name
-                self._out.append(Answer(name, iteration, given))
+                self._answers.append(Answer(name, iteration, given))
             return
         if iteration != len(self.history[key]) + 1:
             return  # never happens with ReportChannel (in order per key); never guess a gap
@@ -403,7 +410,7 @@ class ExplorationState:
             self.rungs_answered += 1
             self.rung_answers[(key, iteration)] = given
             self.answered.add((name, iteration))
-            self._out.append(Answer(name, iteration, given))
+            self._answers.append(Answer(name, iteration, given))
         if stop is not None:
             self.pruned_at[key] = (stop.rung, iteration)
             if self.current.get(key, key) in self.held and key not in self.finished:
@@ -829,6 +836,20 @@ class ExplorationState:
         if at:
             text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
         return text
+
+    def rung_log(self) -> list[dict]:
+        """Every arrival at a rung of every pruning choose, in arrival order per rung:
+        ``{"choose", "group", "rung", "iteration", "input", "metric", "continued", "n"}``
+        (``input``: the branch's index among the choose's inputs; ``n``: branches at that rung
+        when it arrived, itself included).  ``Result.rungs``."""
+        out = []
+        for ci, h in self.halving.items():
+            p = h.prune
+            for (g, r), entries in h.arrivals.items():
+                for e in entries:
+                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.min_iter * p.factor**r,
+                                "input": e.branch, "metric": e.metric, "continued": e.continued, "n": e.n})
+        return out
 
     def branch_history(self, j: int) -> list[dict]:
         """Output branch ``j``'s reports: those of the iterative steps on its path, in order."""

@@ -44,6 +44,9 @@ _LAZY = {
     "load_digits_tensors": "gpu.models",
     "load_mnist_tensors": "gpu.models",
     "synthetic_cifar": "gpu.models",
+    # several training runs packed into one stacked group
+    "PackedTrainer": "gpu.packing",
+    "tune_members": "gpu.packing",
     # training as a pipeline step, and clusters for both kinds of host
     "train": "gpu.training",
     "TrainConfig": "gpu.engine",

@@ -35,7 +35,7 @@ from .replicas import replica_batches
 from .sma import SMAConfig
 from .tuning import ReplicaTuner, choose_partitions, partition_limit
 
-__all__ = ["TrainConfig", "Solo", "run_member", "tune_member", "shard"]
+__all__ = ["TrainConfig", "Solo", "run_member", "iter_member", "tune_member", "shard"]
 
 
 @dataclass(frozen=True)
@@ -175,12 +175,38 @@ def run_member(
     on_epoch: Callable[[dict], None] | None = None,
     on_tune: Callable[[list], None] | None = None,
     tuned: dict | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Train on this member; return ``z``, ``delta_prev``, the history, tuning records and timings.
 
     ``tuned``: with ``replicas="auto"``, a choice made already (:func:`tune_member`'s result,
-    possibly remembered from an earlier run) instead of tuning here.
+    possibly remembered from an earlier run) instead of tuning here. ``on_epoch(record)`` is
+    called after every epoch; ``stop()``, asked after every epoch, ends the training there
+    when true (every member of a gang must answer alike: see ``gpu.training``).
     """
+    epochs = iter_member(ctx, data, model, cfg, resume, on_tune, tuned)
+    try:
+        rec = next(epochs)
+        while True:
+            if on_epoch is not None:
+                on_epoch(rec)
+            rec = epochs.send(stop is not None and bool(stop()))
+    except StopIteration as end:
+        return end.value
+
+
+def iter_member(
+    ctx: Any,
+    data: Any,
+    model: Callable[[], nn.Module],
+    cfg: TrainConfig,
+    resume: dict | None = None,
+    on_tune: Callable[[list], None] | None = None,
+    tuned: dict | None = None,
+):
+    """:func:`run_member` as a generator: yields each epoch's record (after its checkpoint)
+    and returns the result dict. ``send(True)`` instead of ``next`` ends the training at
+    that epoch boundary (the generator returns the result so far)."""
     t_start = time.perf_counter()  # the clock starts at the first data touch: tuning counts
     start_epoch, lr, history = 0, cfg.lr, []
     if resume is not None:
@@ -263,8 +289,8 @@ def run_member(
         history.append(rec)
         if ctx.rank == 0:
             ctx.checkpoint({"epoch": epoch, "lr": lr, "replicas": k, **algo.checkpoint(), "history": list(history)})
-        if on_epoch is not None:
-            on_epoch(rec)
+        if (yield rec):
+            break
         if cfg.target_accuracy is not None and ev["accuracy"] >= cfg.target_accuracy:
             break
     state = algo.checkpoint()

@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from .engine import Solo, TrainConfig, run_member, tune_member
+from .engine import Solo, TrainConfig, iter_member, tune_member
 
-__all__ = ["train"]
+__all__ = ["train", "iterate", "pick_workers"]
 
 
 def _as_data(data: Any) -> Any:
@@ -135,27 +135,76 @@ def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]
 
 
 def _observed(ctx, data, model, cfg: TrainConfig, resume, task: str | None, tuned: dict | None = None):
-    """``run_member`` with its progress published (start, tuning, every epoch, end)."""
+    """``iter_member`` with its progress published (start, tuning, every epoch, end): a
+    generator yielding each epoch's record and returning the result; ``send(True)`` stops it
+    at that epoch boundary (as :func:`gpu.engine.iter_member`)."""
     publish = _publisher(task, ctx.rank, ctx.size)
     if ctx.rank == 0:
         publish({"kind": "start", "algorithm": cfg.algorithm, "epochs": cfg.epochs, "lr": cfg.lr,
                  "batch_size": cfg.batch_size, "replicas": str(cfg.replicas)})
 
-    def on_epoch(rec: dict) -> None:
-        msg = {k: v for k, v in rec.items() if isinstance(v, (int, float, str))}
-        publish({"kind": "epoch", "epochs": cfg.epochs, **msg})
-
     def on_tune(curve: list) -> None:
         if ctx.rank == 0:
             publish({"kind": "tuning", "tuning": [[int(k), float(r)] for k, r in curve]})
 
-    out = run_member(ctx, data, model, cfg, resume=resume, on_epoch=on_epoch, on_tune=on_tune, tuned=tuned)
-    publish({"kind": "end", "epochs_done": len(out["history"])})
-    return out
+    epochs = iter_member(ctx, data, model, cfg, resume=resume, on_tune=on_tune, tuned=tuned)
+    done = 0
+    try:
+        stopping = None
+        while True:
+            rec = next(epochs) if stopping is None else epochs.send(stopping)
+            done = rec["epoch"]
+            publish({"kind": "epoch", "epochs": cfg.epochs, **_scalars(rec)})
+            stopping = yield rec
+    except StopIteration as end:
+        return end.value
+    finally:
+        publish({"kind": "end", "epochs_done": done})
 
 
-def _train_member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None, tuned=None):
-    return _observed(_GangMember(ctx, checkpoint_name), _as_data(data), model, cfg, resume, task, tuned)
+def _scalars(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if isinstance(v, (int, float, str))}
+
+
+def _drain(gen, stop: Callable[[], bool] | None = None, each: Callable[[dict], None] | None = None) -> Any:
+    """Run a generator of epoch records to its end (``stop()`` true after an epoch ends it
+    there; ``each(record)`` sees every record); its return value."""
+    try:
+        rec = next(gen)
+        while True:
+            if each is not None:
+                each(rec)
+            rec = gen.send(stop is not None and bool(stop()))
+    except StopIteration as end:
+        return end.value
+
+
+def _train_member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, task=None, tuned=None,
+                  run: str | None = None):
+    """A gang member's training. ``run`` (the coordinator's name for this training, when it
+    iterates): rank 0 puts each epoch's record on the ``distributed.Queue`` ``{run}-epochs``,
+    and after every epoch the members ask rank 0 whether the ``distributed.Event``
+    ``{run}-stop`` is set (one tiny all-reduce: every member stops at the same boundary)."""
+    member = _GangMember(ctx, checkpoint_name)
+    epochs = _observed(member, _as_data(data), model, cfg, resume, task, tuned)
+    if run is None:
+        return _drain(epochs)
+    import torch
+    from distributed import Event, Queue, get_client
+
+    client = get_client()
+    queue = Queue(f"{run}-epochs", client=client) if ctx.rank == 0 else None
+    stop_event = Event(f"{run}-stop", client=client)
+
+    def each(rec: dict) -> None:
+        if queue is not None:
+            queue.put(_scalars(rec))
+
+    def stop() -> bool:
+        flag = float(stop_event.is_set()) if ctx.rank == 0 else 0.0
+        return member.allreduce(torch.tensor([flag])).item() > 0
+
+    return _drain(epochs, stop, each)
 
 
 def _tune(ctx, data, model, cfg: TrainConfig, task=None):
@@ -230,75 +279,224 @@ def train(
     queued), ``admission_seconds``, ``data_seconds`` (scattering the data to the workers, once)
     and ``tuning_seconds``.
     """
+    return _drain(iterate(**locals()))
+
+
+def iterate(data: Any, **kwargs: Any):
+    """``gpu.train`` as an iterative step: a generator yielding one report per epoch (the
+    epoch's history record: ``accuracy``, ``test_loss``, ``train_loss`` and ``loss`` (the
+    same), ``samples_per_s``, ...) and returning what :func:`train` returns. Takes
+    :func:`train`'s arguments. Closing it (a pruned branch) stops the training at the next
+    epoch boundary: alone, at once (the generator is suspended there); a gang's members stop
+    together at the end of their current epoch and free their workers before ``close``
+    returns. ``graph.iterative`` calls it through ``train.__quiver_iterate__``.
+
+    >>> gen = iterate(gpu.load_digits_tensors(), model=functools.partial(gpu.MLP, 64, 10),
+    ...               epochs=5, workers=1, replicas=1)                        # doctest: +SKIP
+    >>> next(gen)["epoch"], next(gen)["epoch"]                                # doctest: +SKIP
+    (1, 2)
+    >>> gen.close()                                                           # doctest: +SKIP
+    """
+    import inspect
+
+    bound = inspect.signature(train).bind(data, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
     t_call = time.perf_counter()
+    model, workers = a["model"], a["workers"]
     cfg = TrainConfig(
-        epochs=epochs, lr=lr, batch_size=batch_size, replicas=replicas, algorithm=algorithm,
-        target_accuracy=target_accuracy, momentum=momentum, central_momentum=central_momentum,
-        alpha=alpha, weight_decay=weight_decay, sync_every=sync_every, lr_drops=tuple(lr_drops),
-        lr_drop_factor=lr_drop_factor, seed=seed, max_replicas=max_replicas, partitions=partitions,
+        epochs=a["epochs"], lr=a["lr"], batch_size=a["batch_size"], replicas=a["replicas"],
+        algorithm=a["algorithm"], target_accuracy=a["target_accuracy"], momentum=a["momentum"],
+        central_momentum=a["central_momentum"], alpha=a["alpha"], weight_decay=a["weight_decay"],
+        sync_every=a["sync_every"], lr_drops=tuple(a["lr_drops"]), lr_drop_factor=a["lr_drop_factor"],
+        seed=a["seed"], max_replicas=a["max_replicas"], partitions=a["partitions"],
     )
     if not callable(model):
         raise ValueError("train: model must be a zero-argument callable that builds the nn.Module, e.g. functools.partial(gpu.MLP, 784, 10)")
     data = _as_data(data)
-    restarts = 0
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
     overheads = {"admission_seconds": 0.0, "queued_seconds": 0.0, "data_seconds": 0.0, "tuning_seconds": 0.0}
     if workers == 1 or not _in_dask():
-        out = _observed(Solo(), data, model, cfg, None, task)
-        size = 1
-    else:
+        epochs = _observed(Solo(), data, model, cfg, None, task)
+        try:
+            rec = next(epochs)
+            while True:
+                yield _report(rec)
+                rec = next(epochs)
+        except StopIteration as end:
+            out = end.value
+        finally:
+            epochs.close()
+        return _summarise(out, model, cfg, 1, 0, overheads, time.perf_counter() - t_call)
+    from .gang import gang_client
+
+    with gang_client() as client:  # inside a task: seceded, so this thread can host a member
+        gang = _GangRun(client, data, model, cfg, workers, a["max_restarts"], a["timeout"], task, overheads)
+        try:
+            yield from gang.reports()
+        finally:
+            gang.close()  # closed early: the members stop at their next epoch boundary
+        out, size, restarts = gang.outcome()
+    return _summarise(out, model, cfg, size, restarts, overheads, time.perf_counter() - t_call)
+
+
+train.__quiver_iterative__ = True  # type: ignore[attr-defined]
+train.__quiver_iterate__ = iterate  # type: ignore[attr-defined]
+
+
+def _report(rec: dict) -> dict:
+    """An epoch's report: its scalar entries, with ``loss`` naming the training loss."""
+    out = _scalars(rec)
+    out.setdefault("loss", out.get("train_loss"))
+    return out
+
+
+def pick_workers(alive: list[str], busy: Mapping[str, int], here: str | None, n: int | None) -> list[str] | None:
+    """The workers a gang of ``n`` trains on (``None``: every worker): this task's own worker
+    first (its thread is free: the task seceded), then the least busy, so that two gangs
+    smaller than the cluster take different workers instead of queueing for the same ones.
+
+    >>> pick_workers(["a", "b", "c", "d"], {"a": 1, "b": 0, "c": 2, "d": 0}, "c", 2)
+    ['c', 'b']
+    >>> pick_workers(["a", "b"], {}, None, 3), pick_workers(["a", "b"], {}, "a", None)
+    (['a', 'b'], None)
+    """
+    if n is None:
+        return None
+    others = sorted((w for w in alive if w != here), key=lambda w: (busy.get(w, 0), w))
+    order = ([here] if here in alive else []) + others
+    return order[:n]
+
+
+class _GangRun:
+    """A gang training run driven from its step's task: the gang (with its restarts from the
+    last checkpoint) runs on a helper thread; its epochs come back from rank 0 through a
+    ``distributed.Queue``; ``close`` sets the run's stop event and waits for the members."""
+
+    def __init__(self, client, data, model, cfg: TrainConfig, workers, max_restarts, timeout, task, overheads):
+        import threading
+
+        from distributed import Event
+
+        self.client, self.data, self.model, self.cfg = client, data, model, cfg
+        self.workers, self.max_restarts, self.timeout = workers, max_restarts, timeout
+        self.task, self.overheads = task, overheads
+        self.run = f"quiver-train-{uuid.uuid4().hex[:12]}"
+        self.stop_event = Event(f"{self.run}-stop", client=client)
+        self.restarts, self.failures = 0, []
+        self.here = _worker_address() if task is not None else None  # asked from the step's thread
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=f"{self.run}-gang", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.value = self._train()
+        except BaseException as exc:  # raised again in the step's thread
+            self.error = exc
+
+    def reports(self):
+        from distributed import Queue
+
+        queue = Queue(f"{self.run}-epochs", client=self.client)
+        try:
+            yield from self._drain_queue(queue)
+        finally:
+            queue.close()
+
+    def _drain_queue(self, queue):
+        last, pause = 0, 0.01
+        while True:
+            finished = not self.thread.is_alive()
+            got = queue.get(batch=True)  # non-blocking: a blocking get logs scheduler errors
+            for rec in got:
+                if rec["epoch"] > last:  # a restart replays epochs since its checkpoint
+                    last = rec["epoch"]
+                    yield _report(rec)
+            if finished and not got:
+                break
+            if not got:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
+            else:
+                pause = 0.01
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self.stop_event.set()
+            self.thread.join()
+        try:
+            self.stop_event.clear()
+        except Exception:
+            pass
+
+    def outcome(self) -> tuple[dict, int, int]:
+        if self.error is not None:
+            raise self.error
+        results = self.value
+        out = results[0]
+        out["restart_errors"] = self.failures
+        return out, len(results), self.restarts
+
+    def _train(self) -> list:
         from distributed import Event, Variable
 
-        from .gang import GangError, gang_client, run_gang_timed
+        from .gang import GangError, run_gang_timed
 
-        with gang_client() as client:
-            # Named after the step's task key when inside Dask: if the worker running this step dies,
-            # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
-            name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
-            started = Event(f"{name}-started", client=client)  # set once the checkpoint variable exists
-            resume = _last_checkpoint(name, client) if started.is_set() else None
-            failures: list[str] = []
-            if resume is not None:
-                restarts += 1
-                failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
-            if not started.is_set():
-                Variable(name, client=client).set(b"")
-                started.set()
-            tuned = None
-            while True:
-                pool = None
-                alive = sorted(client.scheduler_info(n_workers=-1)["workers"])
-                if workers is not None:
-                    pool = alive[:workers]
-                # the data set goes to the gang's workers once (as one key), not inside every member task
-                t0 = time.perf_counter()
-                shipped = client.scatter(data, workers=pool or alive, broadcast=True, hash=False)
-                overheads["data_seconds"] += time.perf_counter() - t0
-                try:
-                    if cfg.replicas == "auto" and resume is None and tuned is None:
-                        tuned = _auto_replicas(client, shipped, data, model, cfg, pool, len(pool or alive),
-                                               task, timeout, overheads)
-                    member = functools.partial(_train_member, model=model, cfg=cfg, resume=resume,
-                                               checkpoint_name=name, task=task, tuned=tuned)
-                    results, timings = run_gang_timed(client, member, pool, shipped, timeout=timeout)
-                    _count(overheads, timings)
-                    break
-                except GangError as exc:
-                    restarts += 1
-                    failures.append(str(exc))
-                    if restarts > max_restarts:
-                        _forget(name, client)
-                        raise RuntimeError(
-                            f"train: gave up after {max_restarts} restart(s); last failure: {exc}"
-                        ) from exc
-                    resume = _last_checkpoint(name, client) or resume
-                finally:
-                    del shipped
-            out = results[0]
-            size = len(results)
-            _forget(name, client)
-            out["restart_errors"] = failures
-    return _summarise(out, model, cfg, size, restarts, overheads, time.perf_counter() - t_call)
+        client, cfg, model, data, overheads = self.client, self.cfg, self.model, self.data, self.overheads
+        task, timeout = self.task, self.timeout
+        # Named after the step's task key when inside Dask: if the worker running this step dies,
+        # Dask reruns the step elsewhere and the rerun resumes from the last checkpoint.
+        name = f"quiver-checkpoint-{task or uuid.uuid4().hex[:12]}"
+        started = Event(f"{name}-started", client=client)  # set once the checkpoint variable exists
+        resume = _last_checkpoint(name, client) if started.is_set() else None
+        if resume is not None:
+            self.restarts += 1
+            self.failures.append("the worker running this training step was lost; the step's rerun resumed from the last checkpoint")
+        if not started.is_set():
+            Variable(name, client=client).set(b"")
+            started.set()
+        tuned = None
+        while True:
+            alive = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            busy = {w: len(keys) for w, keys in client.processing().items()} if self.workers else {}
+            pool = pick_workers(alive, busy, self.here, self.workers)
+            # the data set goes to the gang's workers once (as one key), not inside every member task
+            t0 = time.perf_counter()
+            shipped = client.scatter(data, workers=pool or alive, broadcast=True, hash=False)
+            overheads["data_seconds"] += time.perf_counter() - t0
+            try:
+                if cfg.replicas == "auto" and resume is None and tuned is None:
+                    tuned = _auto_replicas(client, shipped, data, model, cfg, pool, len(pool or alive),
+                                           task, timeout, overheads)
+                member = functools.partial(_train_member, model=model, cfg=cfg, resume=resume,
+                                           checkpoint_name=name, task=task, tuned=tuned, run=self.run)
+                results, timings = run_gang_timed(client, member, pool, shipped, timeout=timeout)
+                _count(overheads, timings)
+                break
+            except GangError as exc:
+                self.restarts += 1
+                self.failures.append(str(exc))
+                if self.restarts > self.max_restarts:
+                    _forget(name, client)
+                    raise RuntimeError(
+                        f"train: gave up after {self.max_restarts} restart(s); last failure: {exc}"
+                    ) from exc
+                resume = _last_checkpoint(name, client) or resume
+            finally:
+                del shipped
+        _forget(name, client)
+        return results
+
+
+def _worker_address() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return None
 
 
 def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) -> list[str] | None:

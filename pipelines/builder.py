@@ -309,7 +309,9 @@ class Node:
         planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering),
         ``on_metric_error`` (``"stop"``, the default: when the first branches at a choose cannot
         give their metric for the same reason, the run ends at once with a ``RunError``
-        naming it; ``"continue"``: run every branch anyway).
+        naming it; ``"continue"``: run every branch anyway), ``pack`` (``True``, the default:
+        ``gpu.train`` branches that can share a worker train together as one stacked group,
+        see ``graph.packing``; ``False``: every branch trains alone).
         """
         from .runner import run_node
 

@@ -25,6 +25,7 @@ def run_node(
     disk_bandwidth: Any = None,
     on_metric_error: str = "stop",
     stall_timeout: float | None = None,
+    pack: bool = True,
 ) -> Result:
     import graph
     from graph.cluster import connect
@@ -46,6 +47,8 @@ def run_node(
             f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
             f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
         )
+    if not isinstance(pack, bool):
+        raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
     if store is not None:  # a bad store path is refused before a cluster starts
         from graph.store import ResultStore
@@ -79,6 +82,10 @@ def run_node(
         memory_limit=memory_limit,
         quiet=quiet,
     ) as c:
+        if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
+            from graph.packing import pack_compiled
+
+            pack_compiled(compiled, slots=sum(c.nthreads().values()))
         try:
             record = execute(
                 compiled,

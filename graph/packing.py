@@ -1,0 +1,241 @@
+"""Packing training branches (docs/architecture.md §7.3): several ``gpu.train`` branches, one task.
+
+**The rule.** Tasks of ``gpu.train`` are packable together when they read the same input
+(the same data task), ask for ``workers=1`` and a whole number of ``replicas``, train SMA
+without a split sync (``partitions=1``), and agree on every argument but the members' own
+(``gpu.packing.MEMBER_PARAMS``: ``lr``, ``momentum``, ``weight_decay``, ``alpha``, ``seed``,
+``epochs``, ``target_accuracy``) and those that do not change what is trained (``workers``,
+``max_restarts``, ``timeout``, ``max_replicas``). Branches of one explore such as
+``grid(gpu.train, model=[mlp], lr=[...], seed=[...], batch_size=[16], replicas=[1], workers=[1])``
+are the usual case; two or more packable tasks make a group. ``replicas="auto"`` (the default)
+tunes a solo run's replicas and is not packed: a packed group tunes its members instead.
+A run turns packing off with ``run(..., pack=False)``.
+
+**What replaces them.** A group is dealt round-robin (:func:`gpu.packing.split_members`) into
+one *packed task* per worker thread (at most one per member), each running
+:func:`packed_train`: a :class:`gpu.PackedTrainer` over its members, with as many training
+at once as Crossbow's rule picks (``active="auto"``). Each member's key keeps its place in
+the graph, now holding a tiny task (:func:`member_value`) that picks the member's value out
+of the packed task's result: its ``gpu.train``-like result, or ``Pruned(iterations, last)``.
+Branch lineages gain the packed task's key before the member's, so the run computes it.
+
+**On the worker**, the packed task reports every member's epoch on behalf of the member's
+key with ``graph.iterative``'s own report sending (topic ``quiver-report``, ``key`` = the
+member's key), waits at a rung of the member's pruning choose for the member's gate
+(``gate_name(member key, iteration)``), and removes a member answered ``"stop"``; the others
+go on. So the run sees ordinary reports and answers for member keys: ``ReportChannel`` and
+the state machine need no change. At a ``max_iter`` the member finishes with what it learnt
+(its full result, not only its last report). A packed task the run cancels stops every member.
+
+**Generator steps are not packed.** Packing needs to know how to stack a step's state and
+run one step over all members at once; a generator is opaque code with its own loop, so two
+generators cannot share one vmap without a protocol for "stack yourself" (state as tensors,
+a per-member step function). ``gpu.train`` has that protocol internally (its flat weights);
+a user generator would need to declare it, which no step does today.
+
+>>> from dask.task_spec import Task, TaskRef
+>>> import gpu
+>>> def mlp(): ...
+>>> g = {k: Task(k, gpu.train, TaskRef("data"), model=mlp, lr=lr, workers=1, replicas=1)
+...      for k, lr in (("t1", 0.1), ("t2", 0.3))}
+>>> [sorted(m) for m in packable_groups(g)]
+[['t1', 't2']]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from .iterative import STOP, Iterative, Pruned, _Task
+from .spec import PruneSpec
+
+__all__ = ["IGNORED_PARAMS", "pack_compiled", "packable_groups", "packed_train", "member_value"]
+
+#: ``gpu.train`` arguments that do not change what is trained: packed members may differ in them.
+IGNORED_PARAMS = ("workers", "max_restarts", "timeout", "max_replicas")
+
+
+def _train_fn(fn: Any) -> tuple[Any, PruneSpec | None] | None:
+    """``(gpu.train, prune)`` when a task runs ``gpu.train`` (possibly wrapped by ``Iterative``)."""
+    prune = None
+    if isinstance(fn, Iterative):
+        fn, prune = fn.fn, fn.prune
+    training = sys.modules.get("gpu.training")
+    if training is None or fn is not getattr(training, "train", None):
+        return None
+    return fn, prune
+
+
+def _signature(task: Any) -> str | None:
+    """What members of one packed group share (``None``: the task cannot be packed)."""
+    from dask.task_spec import TaskRef
+
+    from gpu.packing import MEMBER_PARAMS
+
+    from .keys import step_key
+
+    found = _train_fn(task.func)
+    if found is None or len(task.args) != 1 or not isinstance(task.args[0], TaskRef):
+        return None
+    kw = task.kwargs
+    replicas = kw.get("replicas", "auto")
+    if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") != "sma"
+            or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
+        return None
+    shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    try:
+        return step_key(found[0], shared, (task.args[0].key,))
+    except Exception:  # no deterministic token: not packed
+        return None
+
+
+def packable_groups(graph: Mapping[str, Any]) -> list[list[str]]:
+    """Keys of the packable ``gpu.train`` tasks of ``graph``, grouped (groups of two or more,
+    in the graph's order)."""
+    groups: dict[str, list[str]] = {}
+    for key, task in graph.items():
+        sig = _signature(task)
+        if sig is not None:
+            groups.setdefault(sig, []).append(key)
+    return [keys for keys in groups.values() if len(keys) > 1]
+
+
+def member_value(packed: Mapping, key: str) -> Any:
+    """A member's value out of its packed task's result."""
+    return packed[key]
+
+
+class _MemberTask(_Task):
+    """``graph.iterative``'s task side, speaking for one member of a packed task: reports and
+    gates under the member's key, cancelled when the packed task is."""
+
+    def __init__(self, pack: _Task, key: str) -> None:
+        self.worker, self.key, self.attempt = pack.worker, key if pack.live else None, pack.attempt
+        self._pack = pack
+
+    def cancelled(self) -> bool:
+        return self._pack.cancelled()
+
+
+def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], shared: Mapping,
+                 prunes: Mapping[str, PruneSpec | None], active: int | str | None = "auto") -> dict:
+    """The packed task: train ``members`` (``{member key: own params}``) as one
+    :class:`gpu.PackedTrainer`, report per member key, wait at each member's rungs, drop
+    members answered ``"stop"``. Returns ``{member key: result or Pruned}``."""
+    from gpu.packing import PackedTrainer
+
+    pack = _Task()
+    tasks = {k: _MemberTask(pack, k) for k in members}
+    trainer = PackedTrainer(data, model, dict(members), active=active, publish=True, **shared)
+    made = {k: 0 for k in members}
+    last: dict[str, dict] = {}
+    values: dict[str, Any] = {}
+    while trainer.active:
+        reports = trainer.epoch()
+        gated = []
+        for k, report in reports.items():
+            made[k] += 1
+            n, last[k] = made[k], report
+            prune = prunes.get(k)
+            gate = prune is not None and prune.rung_of(n) is not None
+            tasks[k].send(n, report, gate)
+            if prune is not None and prune.max_iter is not None and n >= prune.max_iter:
+                if k in trainer.active:
+                    trainer.finish(k)
+                continue  # as Iterative: the report that makes max_iter ends the branch, unasked
+            if gate:
+                gated.append((k, n))
+        for k, n in gated:  # every member's answer comes as soon as its report is ranked
+            if tasks[k].answer(n) == STOP:
+                values[k] = Pruned(n, dict(last[k]))
+                if k in trainer.pending:
+                    trainer.remove(k)
+        if pack.cancelled():
+            break
+    for k in members:
+        if k in values:
+            continue
+        if k in trainer.pending:  # cancelled before its end
+            values[k] = Pruned(made[k], dict(last[k]) if k in last else None)
+        else:
+            values[k] = trainer.result(k)
+    return values
+
+
+def _deal(compiled: Any, groups: list[list[str]], slots: int) -> tuple[dict, dict]:
+    """The packed tasks and the member tasks that replace the packable ones."""
+    from dask.task_spec import Task, TaskRef
+
+    from gpu.packing import MEMBER_PARAMS, split_members
+
+    from .keys import step_key
+
+    prunes = {}
+    for cp in compiled.chooses:
+        if getattr(cp.spec, "prune", None) is not None:
+            for b in cp.inputs:
+                prunes[b.key] = cp.spec.prune
+    new: dict[str, Any] = {}
+    before: dict[str, str] = {}  # member key -> its packed task's key
+    for keys in groups:
+        for part in split_members(keys, max(1, slots)):
+            first = compiled.graph[part[0]]
+            kw = dict(first.kwargs)
+            model = kw.pop("model")
+            shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+            members = {k: {p: v for p, v in compiled.graph[k].kwargs.items() if p in MEMBER_PARAMS}
+                       for k in part}
+            data = first.args[0]
+            pkey = step_key(packed_train, {"members": tuple(part)}, (data.key,))
+            member_prunes = {}
+            for k in part:
+                own = _train_fn(compiled.graph[k].func)[1]
+                member_prunes[k] = prunes.get(k, own)
+            new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members,
+                             shared=shared, prunes=member_prunes)
+            for k in part:  # Iterative (around a plain function): the run still takes k for an iterative step
+                new[k] = Task(k, Iterative(member_value, member_prunes[k]), TaskRef(pkey), k)
+                before[k] = pkey
+    return new, before
+
+
+def _relineage(branch: Any, before: Mapping[str, str]) -> Any:
+    if not any(k in before for k in branch.lineage):
+        return branch
+    out: list[str] = []
+    for k in branch.lineage:
+        p = before.get(k)
+        if p is not None and p not in out:
+            out.append(p)
+        out.append(k)
+    return replace(branch, lineage=tuple(out))
+
+
+def pack_compiled(compiled: Any, slots: int) -> Any:
+    """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
+    each group dealt into at most ``slots`` packed tasks (the cluster's worker threads).
+
+    >>> pack_compiled(compiled, slots=2)                                # doctest: +SKIP
+    """
+    from .compiler import dependents_of
+
+    groups = packable_groups(compiled.graph)
+    if not groups:
+        return compiled
+    new, before = _deal(compiled, groups, slots)
+    graph = {}
+    for key, task in compiled.graph.items():  # a packed task goes just before its first member
+        p = before.get(key)
+        if p is not None and p not in graph:
+            graph[p] = new[p]
+        graph[key] = new.get(key, task)
+    compiled.graph = graph
+    compiled.branches = [_relineage(b, before) for b in compiled.branches]
+    for cp in compiled.chooses:
+        cp.inputs = [_relineage(b, before) for b in cp.inputs]
+    compiled.dependents = dependents_of(graph)
+    compiled.packed = {p: [k for k, q in before.items() if q == p] for p in dict.fromkeys(before.values())}
+    return compiled

@@ -1,0 +1,296 @@
+"""Packing training branches: gpu.packing (the packed trainer, its member tuner) and
+graph.packing (packed tasks in a compiled run), with real torch on the real digits, and a
+real LocalCluster with worker processes for the reports and rung answers per member key."""
+
+from __future__ import annotations
+
+import functools
+import queue
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpu
+import pipelines
+from gpu.packing import PackedTrainer, split_members, tune_members
+from graph.iterative import Pruned, ReportChannel
+from graph.packing import pack_compiled, packable_groups, packed_train
+from graph.pruning import Halving, Stop
+from graph.spec import PruneSpec
+from pipelines import Pipeline, grid
+
+pytestmark = pytest.mark.timeout(240)
+
+MLP = functools.partial(gpu.MLP, 64, 10, hidden=(16,))
+WAIT = 120
+SHARED = dict(batch_size=32, replicas=2, epochs=2)
+MEMBERS = {
+    "a": dict(lr=0.05, seed=0),
+    "b": dict(lr=0.2, seed=1, momentum=0.5),
+    "c": dict(lr=0.01, seed=2, weight_decay=0.0, alpha=0.3, epochs=3),
+}
+CURVE = ("epoch", "train_loss", "test_loss", "accuracy", "lr", "spread")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return gpu.load_digits_tensors(seed=0)
+
+
+@pytest.fixture(scope="module")
+def solo(digits):
+    """Each member trained alone by gpu.train (workers=1: in this process)."""
+    return {name: gpu.train(digits, model=MLP, workers=1, **{**SHARED, **params})
+            for name, params in MEMBERS.items()}
+
+
+def curve(history):
+    return [[h[k] for k in CURVE] for h in history]
+
+
+def assert_same_curves(packed, alone):
+    assert len(packed) == len(alone)
+    for p, s in zip(curve(packed), curve(alone)):
+        assert p == pytest.approx(s, rel=1e-5, abs=1e-6)
+
+
+# ---- the packed trainer, in this process ---------------------------------------------------------
+def test_a_packed_member_reports_what_its_solo_run_reports(digits, solo):
+    results = PackedTrainer(digits, MLP, MEMBERS, **SHARED).run()
+    assert sorted(results) == ["a", "b", "c"]
+    for name in MEMBERS:
+        assert_same_curves(results[name]["history"], solo[name]["history"])
+        assert results[name]["accuracy"] == pytest.approx(solo[name]["accuracy"], abs=1e-6)
+        assert results[name]["packed"] == 3
+        z_p = gpu.ParamLayout(results[name]["model"]).flatten(results[name]["model"])
+        z_s = gpu.ParamLayout(solo[name]["model"]).flatten(solo[name]["model"])
+        assert (z_p - z_s).abs().max().item() < 1e-5
+
+
+def test_a_removed_member_leaves_the_others_reports_unchanged(digits, solo):
+    pack = PackedTrainer(digits, MLP, MEMBERS, **SHARED)
+    first = pack.epoch()
+    assert sorted(first) == ["a", "b", "c"] and all(r["members"] == 3 for r in first.values())
+    pack.remove("b")
+    later = []
+    while pack.active:
+        later.append(pack.epoch())
+    assert [sorted(r) for r in later] == [["a", "c"], ["c"]]  # a ends after 2 epochs, c after 3
+    for name in ("a", "c"):
+        assert_same_curves(pack.result(name)["history"], solo[name]["history"])
+    with pytest.raises(ValueError, match="not finished"):
+        pack.result("b")
+
+
+def test_waiting_members_join_as_places_free_and_still_match_their_solo_runs(digits, solo):
+    pack = PackedTrainer(digits, MLP, MEMBERS, active=2, **SHARED)
+    assert pack.active == ["a", "b"] and pack.waiting == ["c"]
+    first = pack.epoch()
+    assert sorted(first) == ["a", "b"]
+    pack.remove("a")  # c takes a's place, from its own seeded start
+    assert pack.active == ["b", "c"]
+    results = pack.run()
+    assert sorted(results) == ["b", "c"]
+    for name in ("b", "c"):
+        assert_same_curves(results[name]["history"], solo[name]["history"])
+
+
+def test_auto_members_are_tuned_on_a_scratch_group_without_changing_training(digits, solo):
+    pack = PackedTrainer(digits, MLP, MEMBERS, active="auto", **SHARED)
+    counts = [m for m, _ in pack.tuning]
+    assert counts[0] == 1 and counts == list(range(1, len(counts) + 1)) and 1 <= pack.active_limit <= 3
+    results = pack.run()
+    for name in MEMBERS:
+        assert_same_curves(results[name]["history"], solo[name]["history"])
+
+
+def test_bad_members_are_refused_with_the_fix(digits):
+    with pytest.raises(ValueError, match="cannot differ inside a packed group"):
+        PackedTrainer(digits, MLP, {"a": {"batch_size": 8}}, **SHARED)
+    with pytest.raises(ValueError, match="whole number"):
+        PackedTrainer(digits, MLP, {"a": {}}, batch_size=32, replicas="auto")
+    with pytest.raises(ValueError, match="members is empty"):
+        PackedTrainer(digits, MLP, {}, **SHARED)
+
+
+# ---- the member tuner (pure) ---------------------------------------------------------------------
+def test_member_tuner_on_literal_curves():
+    assert tune_members({1: 100.0, 2: 111.0, 3: 120.0}.__getitem__, most=3) == (2, [(1, 100.0), (2, 111.0), (3, 120.0)])
+    assert tune_members({1: 100.0, 2: 110.0}.__getitem__, most=5)[0] == 1  # +10% exactly: not more than 10%
+    assert tune_members({1: 100.0, 2: 300.0, 3: 305.0}.__getitem__, most=8) == (2, [(1, 100.0), (2, 300.0), (3, 305.0)])
+    assert tune_members(lambda m: 100.0 * m, most=4) == (4, [(m, 100.0 * m) for m in range(1, 5)])
+    with pytest.raises(ValueError, match="most"):
+        tune_members(float, most=0)
+
+
+def rule(rates: list[float], threshold: float) -> int:
+    """A literal transcription: keep adding while the new rate beats the best so far by > threshold."""
+    best, best_rate = 1, rates[0]
+    for m, r in enumerate(rates[1:], start=2):
+        if r > best_rate * (1 + threshold):
+            best, best_rate = m, r
+        else:
+            break
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1.0, 1e6), min_size=1, max_size=8), st.sampled_from([0.0, 0.05, 0.1, 0.3]))
+def test_member_tuner_follows_crossbows_rule(rates, threshold):
+    best, curve_ = tune_members(lambda m: rates[m - 1], most=len(rates), threshold=threshold)
+    assert best == rule(rates, threshold)
+    assert [m for m, _ in curve_] == list(range(1, len(curve_) + 1))  # measured 1, 2, ... in order
+    assert len(curve_) == min(best + 1, len(rates))  # stops at the first count that did not pay
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(), unique=True, max_size=30), st.integers(1, 6))
+def test_members_are_dealt_into_balanced_groups(names, groups):
+    out = split_members(names, groups)
+    assert sorted(x for g in out for x in g) == sorted(names)
+    assert len(out) == min(groups, len(names))
+    assert all(out) and max(map(len, out), default=0) - min(map(len, out), default=0) <= 1
+    for g in out:  # declaration order inside a group
+        assert g == sorted(g, key=names.index)
+
+
+# ---- graph side: which branches pack -------------------------------------------------------------
+def explore(**overrides):
+    params = dict(model=[MLP], lr=[0.01, 0.1], seed=[0], epochs=[2], batch_size=[32], replicas=[1], workers=[1])
+    params.update(overrides)
+    return Pipeline("digits").source(gpu.load_digits_tensors, seed=0).explore("t", grid(gpu.train, **params))
+
+
+def test_packable_groups_follow_the_rule():
+    assert [len(g) for g in packable_groups(explore().compile().graph)] == [2]
+    # the members' own parameters may differ; what is trained otherwise may not
+    assert [len(g) for g in packable_groups(explore(momentum=[0.5, 0.9], alpha=[0.1, 0.3]).compile().graph)] == [8]
+    assert [len(g) for g in packable_groups(explore(batch_size=[16, 32]).compile().graph)] == [2, 2]
+    assert packable_groups(explore(replicas=["auto"]).compile().graph) == []  # tunes a solo run
+    assert packable_groups(explore(workers=[None]).compile().graph) == []  # a gang over the cluster
+    assert packable_groups(explore(lr=[0.1]).compile().graph) == []  # one branch: nothing to pack
+
+
+def test_pack_compiled_keeps_member_keys_and_puts_the_packed_task_in_their_lineage():
+    compiled = explore(lr=[0.01, 0.03, 0.1]).choose("accuracy").compile()
+    members = [b.key for b in compiled.chooses[0].inputs]
+    pack_compiled(compiled, slots=2)
+    packs = list(compiled.packed)
+    assert len(packs) == 2 and sorted(k for p in packs for k in compiled.packed[p]) == sorted(members)
+    for b in compiled.chooses[0].inputs:
+        p = next(p for p in packs if b.key in compiled.packed[p])
+        assert b.lineage.index(p) == b.lineage.index(b.key) - 1
+        assert compiled.graph[b.key].dependencies == {p}
+        assert b.key in compiled.dependents[p]
+    assert all(compiled.graph[p].func is packed_train for p in packs)
+
+
+def test_run_refuses_a_bad_pack_option():
+    with pytest.raises(pipelines.PipelineError, match="pack must be True"):
+        explore().choose("accuracy").run(pack="yes")
+
+
+# ---- on a real cluster -------------------------------------------------------------------------------
+def test_packed_task_reports_and_waits_per_member_key_and_drops_pruned_members(client, digits):
+    """The packed task speaks for each member key: reports arrive under it, its gate answers
+    it; the rule's losers come back Pruned at their rung, the others train to their end with
+    the reports their solo runs make."""
+    prune = PruneSpec(factor=3, min_iter=1)  # rungs at 1, 3
+    keys = {"m-a": 0, "m-b": 1, "m-c": 2}
+    members = {k: MEMBERS[n] for k, n in zip(keys, "abc")}
+    halving = Halving(prune)
+    events: queue.Queue = queue.Queue()
+    channel = ReportChannel(client, lambda key, i, report: events.put((key, i, report)), keys=set(keys))
+    log = []
+    try:
+        fut = client.submit(packed_train, digits, model=MLP, members=members, shared=SHARED,
+                            prunes={k: prune for k in keys}, active=None, key="packed-test", pure=False)
+        while not fut.done() or not events.empty():
+            try:
+                key, i, report = events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            log.append((key, i, report))
+            if prune.rung_of(i) is not None:
+                decision = halving.report(keys[key], None, i, report["accuracy"])
+                if isinstance(decision, Stop) and decision.pruned:
+                    channel.stop(key, i)
+                else:
+                    channel.resume(key, i)
+        values = fut.result(timeout=WAIT)
+    finally:
+        channel.close()
+    pruned = {k for k in keys if halving.stopped(keys[k]) is not None and halving.stopped(keys[k]).pruned}
+    assert pruned  # three branches at rung 1: only the best continues past it
+    alone = {k: PackedTrainer(digits, MLP, {k: members[k]}, **SHARED).run()[k] for k in keys}
+    for k in keys:
+        mine = [r for key, _, r in log if key == k]
+        assert [i for key, i, _ in log if key == k] == list(range(1, len(mine) + 1))
+        if k in pruned:
+            stop = halving.stopped(keys[k])
+            assert isinstance(values[k], Pruned) and values[k].iterations == stop.iteration == len(mine)
+        else:
+            assert not isinstance(values[k], Pruned)
+            assert_same_curves(values[k]["history"], alone[k]["history"])
+            assert [r["accuracy"] for r in mine] == [h["accuracy"] for h in values[k]["history"]]
+
+
+def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
+    node = explore(lr=[0.01, 0.05, 0.2]).choose("accuracy")
+    members = {b.key for b in node.compile().chooses[0].inputs}
+
+    def ends():  # per member key, the training "end" events on the dashboard's topic so far
+        return Counter(m["task"] for _, m in client.get_events("quiver-training")
+                       if m.get("kind") == "end" and m.get("task") in members)
+
+    before = ends()
+    packed = node.run(client, pack=True, progress=False, quiet=True)
+    # each member's curve went to the dashboard under its own key, as a solo gpu.train's does
+    deadline = time.monotonic() + WAIT
+    while any(ends()[k] <= before[k] for k in members) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(ends()[k] > before[k] for k in members)
+    alone = node.run(client, pack=False, progress=False, quiet=True)
+    assert list(packed.table["accuracy"]) == pytest.approx(list(alone.table["accuracy"]), abs=1e-6)
+    assert packed.value["accuracy"] == pytest.approx(alone.value["accuracy"], abs=1e-6)
+    assert "packed" in packed.table and "packed" not in alone.table  # members at once: as tuned (>= 1)
+
+def cuda_mlp():
+    return MLP().cuda()
+
+
+@pytest.mark.gpu
+def test_a_packed_member_matches_its_solo_run_on_a_gpu(digits):
+    """The same claim on a CUDA device (batched kernels may round differently: a looser bound)."""
+    shared = dict(SHARED, epochs=2)
+    results = PackedTrainer(digits, cuda_mlp, MEMBERS, **shared).run()
+    for name, params in MEMBERS.items():
+        alone = gpu.train(digits, model=cuda_mlp, workers=1, **{**shared, **params})
+        for p, s in zip(curve(results[name]["history"]), curve(alone["history"])):
+            assert p == pytest.approx(s, rel=1e-3, abs=1e-4)
+
+
+def test_a_pruning_run_prunes_packed_members_at_rungs_and_the_others_keep_their_curves(client):
+    """Pruning and packing together through run(): reports reach the state machine under the
+    member keys, pruned members stop at a rung of the rule with the curve they would have
+    had alone, and the chosen branch is the best of those that finished."""
+    node = explore(lr=[0.003, 0.01, 0.05, 0.2, 1.0], epochs=[3])
+    pruned_run = node.choose("accuracy", prune=pipelines.halving(factor=3)).run(
+        client, pack=True, progress=False, quiet=True)
+    full = node.choose("accuracy").run(client, pack=False, progress=False, quiet=True)
+    table = pruned_run.table
+    assert set(table["status"]) <= {"ok", "pruned"} and (table["status"] == "pruned").any()
+    rungs = {1, 3}
+    for row, status in enumerate(table["status"]):
+        mine, alone = pruned_run.history[row], full.history[row]
+        assert [r["accuracy"] for r in mine] == pytest.approx([r["accuracy"] for r in alone[:len(mine)]], abs=1e-6)
+        if status == "pruned":
+            # stopped at a rung (3, its last epoch, is a rung too: a loser there is pruned, as a solo step is)
+            assert table["iterations"].iloc[row] in rungs and len(mine) == table["iterations"].iloc[row]
+        else:
+            assert len(mine) == 3
+    finished = table[table["status"] == "ok"]
+    assert pruned_run.value["accuracy"] == pytest.approx(finished["accuracy"].max())

@@ -17,11 +17,15 @@ Methods (each at its documented best on this machine):
 
 * ``quiver_exhaustive`` (a): ``explore(grid(train_mlp, ...)).choose("accuracy")``, every branch to the end.
 * ``quiver_halving`` (b): the same with ``choose(..., prune=halving(factor=3, min_iter=1, max_iter=12))``.
-* ``quiver_gpu_packed`` (c): ``gpu.train`` branches (``algorithm="ssgd"``, ``replicas=1``,
-  ``workers=1``, ``momentum=0.9``, ``weight_decay=0``: S-SGD over one replica is exactly
-  ``torch.optim.SGD(lr, momentum=0.9)``, see ``gpu.sma.ssgd_update``; same initial weights and
-  batch order as ``train_mlp``), pruned by the same ``halving``, packed several per worker.
-* ``quiver_gpu_halving`` / ``quiver_gpu_exhaustive``: ``gpu.train`` rows without packing, for comparison.
+* ``quiver_gpu_packed`` (c): ``gpu.train`` branches pruned by the same ``halving`` and packed
+  several per worker. Packing trains SMA only (docs/architecture.md §7.3), so these are
+  ``algorithm="sma"`` with ``replicas=1`` (one replica per member: momentum SGD on the replica,
+  momentum 0.9, no weight decay, pulled towards a central model ``z`` with ``alpha=0.1`` and
+  central momentum 0.9; the accuracy is ``z``'s), ``workers=1``.
+* ``quiver_gpu_halving``: the same without packing (``run(pack=False)``), for comparison.
+* ``quiver_gpu_ssgd_halving``: ``gpu.train`` with ``algorithm="ssgd"``, ``replicas=1``: S-SGD
+  over one replica is exactly ``torch.optim.SGD(lr, momentum=0.9)`` (``gpu.sma.ssgd_update``),
+  with ``train_mlp``'s initial weights and batch order; S-SGD is not packable.
 * ``optuna_sha`` (d): Optuna ``GridSampler`` + ``SuccessiveHalvingPruner(min_resource=1,
   reduction_factor=3)``, ``n_jobs=2`` (Optuna's own parallelism: threads in this process),
   ``trial.report`` / ``trial.should_prune`` every epoch.
@@ -114,16 +118,23 @@ def summarise(trials: list[dict], epochs: int) -> dict:
 # --------------------------------------------------------------------------------------- Quiver
 
 
+GPU_ALGORITHM = {
+    # packing trains SMA groups only (docs/architecture.md §7.3): one replica per member, no weight decay
+    "quiver_gpu_packed": "sma", "quiver_gpu_halving": "sma",
+    # S-SGD over one replica is exactly torch.optim.SGD(lr, momentum=0.9) (gpu.sma.ssgd_update); not packable
+    "quiver_gpu_ssgd_halving": "ssgd",
+}
+
+
 def quiver_node(kind: str, size: dict):
-    prune = kind.endswith("halving") or kind.endswith("packed")
-    rule = halving(factor=FACTOR, min_iter=1, max_iter=size["epochs"]) if prune else None
+    rule = halving(factor=FACTOR, min_iter=1, max_iter=size["epochs"]) if kind != "quiver_exhaustive" else None
     if not kind.startswith("quiver_gpu"):
-        return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=prune)
+        return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=rule is not None)
     from pipelines import Pipeline
 
     steps = grid(gpu.train, model=[MLP], lr=size["lrs"], batch_size=size["batches"], epochs=[size["epochs"]],
-                 algorithm=["ssgd"], replicas=[1], workers=[1], momentum=[EX.MOMENTUM], weight_decay=[0.0],
-                 seed=[0])
+                 algorithm=[GPU_ALGORITHM[kind]], replicas=[1], workers=[1], momentum=[EX.MOMENTUM],
+                 weight_decay=[0.0], seed=[0])
     runs = Pipeline("tune-mnist-gpu").source(EX.load_mnist, seed=0).explore("train", steps)
     return runs.choose("accuracy", mode="max", prune=rule)
 
@@ -135,7 +146,7 @@ def quiver_run(kind: str, size: dict) -> dict:
     t0 = time.perf_counter()
     with connect(None, n_workers=2, threads_per_worker=1, quiet=True) as client:
         started = time.perf_counter() - t0
-        result = node.run(client, progress=False, quiet=True)
+        result = node.run(client, progress=False, quiet=True, pack=kind == "quiver_gpu_packed")
         wall = time.perf_counter() - t0
     table = result.table
     lr_col = "train.lr"
@@ -268,14 +279,14 @@ def ray_run(kind: str, size: dict) -> dict:
 METHODS = {
     "quiver_exhaustive": ("(a) Quiver, no pruning", quiver_run),
     "quiver_halving": ("(b) Quiver, halving(3)", quiver_run),
-    "quiver_gpu_packed": ("(c) Quiver gpu.train, halving + packing", quiver_run),
-    "quiver_gpu_halving": ("    gpu.train, halving, no packing", quiver_run),
-    "quiver_gpu_exhaustive": ("    gpu.train, no pruning", quiver_run),
+    "quiver_gpu_packed": ("(c) Quiver gpu.train SMA, halving + packing", quiver_run),
+    "quiver_gpu_halving": ("    gpu.train SMA, halving, no packing", quiver_run),
+    "quiver_gpu_ssgd_halving": ("    gpu.train S-SGD, halving (not packable)", quiver_run),
     "optuna_sha": ("(d) Optuna SuccessiveHalving", optuna_run),
     "ray_asha": ("(e) Ray Tune ASHA", ray_run),
     "ray_exhaustive": ("(f) Ray Tune, no scheduler", ray_run),
 }
-QUICK_METHODS = ["quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "optuna_sha"]
+QUICK_METHODS = ["quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "quiver_gpu_ssgd_halving", "optuna_sha"]
 
 
 def cold_data() -> None:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import importlib.util
 import json
 import logging
@@ -88,7 +87,6 @@ def load_example():
 
 
 EX = load_example()
-MLP = functools.partial(gpu.MLP, 784, 10, hidden=(128,))
 
 
 def sizes(quick: bool) -> dict:
@@ -130,12 +128,13 @@ def quiver_node(kind: str, size: dict):
     rule = halving(factor=FACTOR, min_iter=1, max_iter=size["epochs"]) if kind != "quiver_exhaustive" else None
     if not kind.startswith("quiver_gpu"):
         return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=rule is not None)
+    if GPU_ALGORITHM[kind] == "sma":  # the example's gpu.train exploration
+        return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=True, step="gpu")
     from pipelines import Pipeline
 
-    steps = grid(gpu.train, model=[MLP], lr=size["lrs"], batch_size=size["batches"], epochs=[size["epochs"]],
-                 algorithm=[GPU_ALGORITHM[kind]], replicas=[1], workers=[1], momentum=[EX.MOMENTUM],
-                 weight_decay=[0.0], seed=[0])
-    runs = Pipeline("tune-mnist-gpu").source(EX.load_mnist, seed=0).explore("train", steps)
+    steps = grid(gpu.train, model=[EX.MLP], lr=size["lrs"], batch_size=size["batches"], epochs=[size["epochs"]],
+                 algorithm=["ssgd"], replicas=[1], workers=[1], momentum=[EX.MOMENTUM], weight_decay=[0.0])
+    runs = Pipeline("tune-mnist-ssgd").source(EX.load_mnist, seed=0).explore("train", steps)
     return runs.choose("accuracy", mode="max", prune=rule)
 
 

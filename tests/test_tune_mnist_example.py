@@ -86,5 +86,7 @@ def test_script_quick_mode_prints_the_table_and_the_choice():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     assert "iterations" in out and "pruned" in out and "chosen: lr=" in out
-    lines = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
-    assert len(lines) == 4  # the 2 x 2 quick grid, one row per branch
+    rows = [line.split() for line in out.splitlines()]
+    rows = [r for r in rows if len(r) >= 7 and r[0].isdigit() and r[1] in ("0.01", "0.30")]
+    assert len(rows) == 4  # the 2 x 2 quick grid, one row per branch
+    assert {r[5] for r in rows if r[6] == "pruned"} == {"NaN"}  # a pruned branch has no final accuracy

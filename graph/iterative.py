@@ -167,7 +167,15 @@ class _Task:
         while not answered.wait(timeout=GATE_POLL_S):
             if self.cancelled():
                 return STOP
-        return Variable(name, client=client).get()
+        variable = Variable(name, client=client)
+        while True:
+            # with a timeout: the run deletes its answers when it ends (ReportChannel.close), maybe
+            # between this event and this read; an untimed get would then hold the thread forever
+            try:
+                return variable.get(timeout=GATE_POLL_S)
+            except TimeoutError:
+                if self.cancelled():
+                    return STOP
 
 
 class Iterative:

@@ -287,3 +287,28 @@ def test_the_transport_benchmark_runs_and_records_every_transport(tmp_path):
     assert set(data["reports"]) == {"log_event", "queue"}
     assert set(data["rung_answers"]) == {"event_variable (shipped)", "variable_poll", "queue_both_ways"}
     assert data["reports"]["log_event"]["latency"]["n"] == data["args"]["reports"]  # every report arrived
+
+
+def test_a_step_whose_answer_was_deleted_before_it_read_it_frees_its_thread(log_dir):
+    """The run's channel deletes its answers when the run ends (``ReportChannel.close``), which
+    can come right after the last "stop" of a run (the run ends when the last branch is pruned):
+    a step that saw the answer's event but had not yet read its variable must not block its
+    worker thread forever. Reproduced exactly: the event is set, the variable is gone."""
+    from distributed import Client, Event, LocalCluster
+
+    from graph.iterative import gate_name
+
+    prune = PruneSpec(factor=3, min_iter=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        Event(gate_name("gone-1", 1), client=c).set()  # answered, then the variable deleted
+        driver = Driver(c)  # reports only: nothing answers
+        try:
+            fut = c.submit(Iterative(endless, prune), "gone", log_dir, key="gone-1", pure=False)
+            driver.until("gone-1", 1)  # it waits at rung 1
+            fut.cancel()  # the run ended: its futures are released
+            after = c.submit(starts, "after", log_dir, "gone.closed", key="after", pure=False)
+            assert after.result(timeout=WAIT) == {"saw_closed": True}  # the one thread was freed
+        finally:
+            driver.channel.close()
+    assert Path(log_dir, "gone.closed").read_text() == "1"

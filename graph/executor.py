@@ -379,6 +379,8 @@ def execute(
         publisher.finish([], error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        if "driver" in locals():  # first: a channel left open refuses the client's next run
+            driver.close_reports()
         stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
         if stop is not None:
             stop()
@@ -389,7 +391,6 @@ def execute(
             budgeted.close()
         bar.close()
         if "driver" in locals():
-            driver.close_reports()
             driver.futures.clear()
         try:
             client.unregister_scheduler_plugin(monitor.name)

@@ -50,6 +50,7 @@ import queue
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,6 +267,42 @@ def iterative_task(task: Any, prune: PruneSpec | None = None) -> Any:
     return Task(task.key, Iterative(fn, prune), *task.args, **task.kwargs)
 
 
+def _send_answers(client: Any, answers: queue.Queue, given: list) -> None:
+    """A ReportChannel's sender thread: sets each answer's variable, then its event."""
+    from distributed import Event, Variable
+
+    while True:
+        item = answers.get()
+        if item is None:
+            return
+        name, value = item
+        try:
+            Variable(name, client=client).set(value)
+            Event(name, client=client).set()
+            given.append(name)
+        except Exception as exc:  # the cluster is going away: nothing waits any more
+            logger.debug("quiver: cannot answer %s: %s", name, exc)
+
+
+#: client id -> its open ReportChannel (a client keeps one handler per event topic)
+_OPEN: "weakref.WeakValueDictionary[str, ReportChannel]" = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
+
+
+class _Forward:
+    """The handler a :class:`ReportChannel` subscribes: forwards to the channel while it lives."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: "weakref.ref[ReportChannel]"):
+        self.channel = channel
+
+    def __call__(self, event: Any) -> None:
+        channel = self.channel()
+        if channel is not None and not channel._closed:
+            channel._on_event(event)
+
+
 @dataclass
 class ReportChannel:
     """The client side of iterative steps: reports in, rung answers out.
@@ -294,9 +331,26 @@ class ReportChannel:
         self._answers: queue.Queue = queue.Queue()
         self._given: list[str] = []
         self._closed = False
-        self._sender = threading.Thread(target=self._send_answers, name="quiver-gate-answers", daemon=True)
+        self._client_id = str(getattr(self.client, "id", id(self.client)))
+        with _OPEN_LOCK:
+            if _OPEN.get(self._client_id) is not None:
+                raise RuntimeError(
+                    "another Quiver run on this Client is receiving iterative steps' reports; a Client "
+                    "takes one run at a time: run them one after another, or give each its own Client"
+                )
+            _OPEN[self._client_id] = self
+        # neither the sender thread nor the client's handler holds the channel: Client.unsubscribe_topic
+        # keeps the handler it was given, which would keep the ended run's driver and state alive
+        self._sender = threading.Thread(
+            target=_send_answers, args=(self.client, self._answers, self._given), name="quiver-gate-answers", daemon=True
+        )
         self._sender.start()
-        self.client.subscribe_topic(REPORT_TOPIC, self._on_event)
+        weakref.finalize(self, self._answers.put, None)  # a channel dropped unclosed ends its thread
+        try:
+            self.client.subscribe_topic(REPORT_TOPIC, _Forward(weakref.ref(self)))
+        except BaseException:
+            self.close()
+            raise
 
     def _on_event(self, event: Any) -> None:
         try:
@@ -338,26 +392,14 @@ class ReportChannel:
                 raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
         self._answers.put((gate_name(key, iteration), value))
 
-    def _send_answers(self) -> None:
-        from distributed import Event, Variable
-
-        while True:
-            item = self._answers.get()
-            if item is None:
-                return
-            name, value = item
-            try:
-                Variable(name, client=self.client).set(value)
-                Event(name, client=self.client).set()
-                self._given.append(name)
-            except Exception as exc:  # the cluster is going away: nothing waits any more
-                logger.debug("quiver: cannot answer %s: %s", name, exc)
-
     def close(self) -> None:
         """Stop listening, wait for the answers in flight, delete every answer given."""
         if self._closed:
             return
         self._closed = True
+        with _OPEN_LOCK:
+            if _OPEN.get(self._client_id) is self:
+                del _OPEN[self._client_id]
         try:
             self.client.unsubscribe_topic(REPORT_TOPIC)
         except Exception:

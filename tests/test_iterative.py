@@ -312,3 +312,25 @@ def test_a_step_whose_answer_was_deleted_before_it_read_it_frees_its_thread(log_
         finally:
             driver.channel.close()
     assert Path(log_dir, "gone.closed").read_text() == "1"
+
+
+def test_one_channel_per_client_and_a_closed_one_is_not_kept_by_the_client(client):
+    """A client has one handler per event topic: a second run's channel on the same client
+    would silently take the first run's reports (its steps then wait at rungs for ever), so it
+    is refused with a message. And ``Client.unsubscribe_topic`` keeps the handler it was given:
+    a closed channel must not stay reachable through it (it would pin the ended run's driver
+    and state until the next run)."""
+    import gc
+    import weakref
+
+    first = ReportChannel(client, lambda key, i, report: None)
+    try:
+        with pytest.raises(RuntimeError, match="one run at a time"):
+            ReportChannel(client, lambda key, i, report: None)
+    finally:
+        first.close()
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None
+    ReportChannel(client, lambda key, i, report: None).close()  # the next run's channel is welcome

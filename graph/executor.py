@@ -274,7 +274,7 @@ def _iterative_stats(state: ExplorationState, driver: ExplorationDriver) -> dict
     return {
         "reports": state.report_count(),
         "rungs": state.rungs_answered,
-        "pruned_branches": len(state.pruned_at),
+        "pruned_branches": state.pruned_branches(),
         "time_to_first_rung_s": driver.first_rung,
         "reports_replayed": driver.channel.replayed if driver.channel is not None else 0,
     }

@@ -290,3 +290,19 @@ def test_steps_after_a_pruning_choose_run_for_the_kept_branch_only():
     assert isinstance(s.handle(TaskFinished(c.branches[1].key))[-1], Finished)
     rows = s.rows()
     assert [(r.status, r.chosen, r.iterations) for r in rows] == [("pruned", False, 1), ("ok", True, 4)]
+
+
+def test_a_pruned_step_counts_every_branch_it_ends_in_the_progress_line_and_stats():
+    """A pruning choose followed by an explore: one stopped step ends two output branches, and
+    the progress line and ``stats["pruned_branches"]`` count branches (the table's rows), not steps."""
+    node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
+    c = node.choose("score", prune=halving(factor=2)).explore("e", grid(ps.tag, g=["y", "z"])).compile()
+    ka, kb = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    s.handle(Report(kb, 1, {"score": 0.5}))
+    assert s.handle(Report(ka, 1, {"score": 0.1}))[-1] == Answer(ka, 1, "stop")
+    pruned_rows = sum(s.status(j) == "pruned" for j in range(len(c.branches)))  # live statuses
+    assert pruned_rows == 2
+    assert s.pruned_branches() == pruned_rows
+    assert "pruned 2 at rung 0" in s.pruning_line()

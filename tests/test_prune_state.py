@@ -306,3 +306,24 @@ def test_a_pruned_step_counts_every_branch_it_ends_in_the_progress_line_and_stat
     assert pruned_rows == 2
     assert s.pruned_branches() == pruned_rows
     assert "pruned 2 at rung 0" in s.pruning_line()
+
+
+def test_the_history_is_not_copied_by_every_operation_on_the_table():
+    """pandas deep-copies a table's ``attrs`` on every operation (a column, a filter): a long
+    run's history (branches x reports) made each of them take seconds. The history is a record
+    of the run, shared by the tables derived from the result's table."""
+    import copy
+
+    from graph.table import build_table
+
+    c = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"])).choose("score").compile()
+    ka, _ = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    s.handle(*(Report(ka, i, {"score": 0.1 * i}) for i in range(1, 4)))
+    table, _ = build_table(c, s.rows(), {}, {})
+    history = table.attrs["history"]
+    assert [len(h) for h in history] == [3, 0] and history[0][2] == {"score": pytest.approx(0.3)}
+    assert table["status"].attrs["history"] is history
+    assert table[table["iterations"] > 0].attrs["history"] is history
+    assert copy.deepcopy(history) is history

@@ -865,7 +865,7 @@ class ExplorationState:
             p = h.prune
             for (g, r), entries in h.arrivals.items():
                 for e in entries:
-                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.min_iter * p.factor**r,
+                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.rung_iteration(r),
                                 "input": e.branch, "metric": e.metric, "continued": e.continued, "n": e.n})
         return out
 

@@ -327,3 +327,21 @@ def test_the_history_is_not_copied_by_every_operation_on_the_table():
     assert table["status"].attrs["history"] is history
     assert table[table["iterations"] > 0].attrs["history"] is history
     assert copy.deepcopy(history) is history
+
+
+def test_a_report_from_an_execution_the_run_did_not_start_is_still_answered_at_its_rung():
+    """Dask resumes a task that an earlier run on the client cancelled while it was executing
+    (a first-k-above-threshold cancel, an abort) when the next run submits the same key: the
+    step goes on reporting from where it was, and this run never saw its first reports. At a
+    rung it waits for an answer, so it must get one (ranked by this report's metric), not be
+    ignored (it would wait for ever and hold the run)."""
+    c = pipeline([A, B, C])
+    ka, kb, kc = (b.key for b in c.chooses[0].inputs)
+    ma, mb, mc = c.chooses[0].metric_keys
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    assert s.handle(Report(ka, 2, {"score": 0.3})) == [Answer(ka, 2, "continue")]  # first at rung 2
+    assert s.handle(Report(kc, 2, {"score": 0.1})) == [Cancel((mc,)), Answer(kc, 2, "stop")]  # 2nd, worse
+    assert s.handle(Report(ka, 3, {"score": 0.4})) == []  # not a rung
+    assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # from the start: as ever
+    assert [r.iterations for r in s.rows()][1] == 1

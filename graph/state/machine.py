@@ -387,11 +387,13 @@ class ExplorationState:
                 self.answered.add((name, iteration))  # a recompute copy waits under its own name
                 self._answers.append(Answer(name, iteration, given))
             return
-        if iteration != len(self.history[key]) + 1:
-            return  # never happens with ReportChannel (in order per key); never guess a gap
-        self.history[key].append(values)
-        if self.curve_choose is not None:
-            self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
+        # a gap: an execution this run did not start (Dask resumes a task an earlier run on the
+        # client cancelled while it ran, when this run submits its key): its rungs are still
+        # ranked and answered (it waits there), its history is not guessed
+        if iteration == len(self.history[key]) + 1:
+            self.history[key].append(values)
+            if self.curve_choose is not None:
+                self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
             if tip.t.kind == "output":
                 self._dirty_outputs.add(tip.t.index)

@@ -14,6 +14,8 @@ wrapped in :class:`Iterative`:
   ``"continue"`` or ``"stop"``, then the ``distributed.Event`` of the same name; the step
   waits on the event (``Event.wait`` with a timeout returns ``False``, where a timed-out
   ``Variable.get`` would log an error on the scheduler each time) and reads the variable.
+  While it waits it sends its report again every ``GATE_POLL_S`` (``"resend": True``), for
+  a run that did not hear it (a task Dask resumed for a later run's same key).
   Both live on the scheduler, so a generator that Dask restarts after its worker died
   finds every answer already given when it replays (it never waits twice for one rung, and
   never gets a different answer);
@@ -132,6 +134,7 @@ class _Task:
         except (ImportError, ValueError):
             self.worker = self.key = None
         self.attempt = uuid.uuid4().hex[:12]
+        self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
 
     @property
     def live(self) -> bool:
@@ -148,6 +151,7 @@ class _Task:
                 "attempt": self.attempt,
             }
             self.worker.log_event(REPORT_TOPIC, msg)
+            self.sent = msg
 
     def cancelled(self) -> bool:
         """True once the run released this task (Dask marks it cancelled while it executes)."""
@@ -168,6 +172,9 @@ class _Task:
         while not answered.wait(timeout=GATE_POLL_S):
             if self.cancelled():
                 return STOP
+            # again: the run that heard it may have ended unanswered, and Dask may have handed this
+            # executing task to a later run submitting the same key, whose channel never heard it
+            self.worker.log_event(REPORT_TOPIC, dict(self.sent, resend=True))
         variable = Variable(name, client=client)
         while True:
             # with a timeout: the run deletes its answers when it ends (ReportChannel.close), maybe
@@ -365,7 +372,8 @@ class ReportChannel:
             seen.append(msg.get("attempt"))
         self.workers[key] = msg.get("worker")
         if iteration <= self.delivered.get(key, 0):
-            self.replayed += 1
+            if not msg.get("resend"):  # a rung report sent again while it waits is no replay
+                self.replayed += 1
             return
         self.delivered[key] = iteration
         if msg.get("wait"):

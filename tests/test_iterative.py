@@ -334,3 +334,27 @@ def test_one_channel_per_client_and_a_closed_one_is_not_kept_by_the_client(clien
     gc.collect()
     assert ref() is None
     ReportChannel(client, lambda key, i, report: None).close()  # the next run's channel is welcome
+
+
+def test_a_step_waiting_at_a_rung_no_run_answered_is_heard_by_the_next_run(client, log_dir):
+    """A run can end before it answers a rung (its loop ended, or it aborted) and Dask may hand
+    that still-executing step to the next run that submits its key: the step re-sends its rung
+    report while it waits, so the next run's channel hears it and can answer (else it waits for
+    ever). The run that already heard it does not count the re-send as a replay."""
+    prune = PruneSpec(factor=2, min_iter=1)
+    first = Driver(client)  # hears, never answers, ends
+    try:
+        fut = client.submit(Iterative(endless, prune), "unanswered", log_dir, (1.0, 1.0), key="unanswered-1", pure=False)
+        first.until("unanswered-1", 1)
+        time.sleep(2.5)  # the step re-sends while it waits: not replays for this channel
+        assert first.channel.replayed == 0
+    finally:
+        first.channel.close()
+    second = Driver(client, prune, {"unanswered-1": 0})  # answers every rung it hears
+    try:
+        key, i, _ = second.next(timeout=30)
+        assert (key, i) == ("unanswered-1", 1)
+        second.until("unanswered-1", 2)  # it went on: the re-sent rung was answered
+        fut.cancel()
+    finally:
+        second.channel.close()

@@ -340,6 +340,7 @@ def test_a_report_from_an_execution_the_run_did_not_start_is_still_answered_at_i
     ma, mb, mc = c.chooses[0].metric_keys
     s = ExplorationState(c, publish=False)
     s.handle(Start())
+    assert s.handle(Report(ka + "~again9", 2, {"score": 0.9})) == []  # not submitted by this run: not its step
     assert s.handle(Report(ka, 2, {"score": 0.3})) == [Answer(ka, 2, "continue")]  # first at rung 2
     assert s.handle(Report(kc, 2, {"score": 0.1})) == [Cancel((mc,)), Answer(kc, 2, "stop")]  # 2nd, worse
     assert s.handle(Report(ka, 3, {"score": 0.4})) == []  # not a rung

@@ -390,6 +390,8 @@ class ExplorationState:
         # a gap: an execution this run did not start (Dask resumes a task an earlier run on the
         # client cancelled while it ran, when this run submits its key): its rungs are still
         # ranked and answered (it waits there), its history is not guessed
+        if iteration != len(self.history[key]) + 1 and name not in self.submitted:
+            return  # a gap under a name this run never submitted: another run's leftover step
         if iteration == len(self.history[key]) + 1:
             self.history[key].append(values)
             if self.curve_choose is not None:

@@ -274,7 +274,7 @@ def _iterative_stats(state: ExplorationState, driver: ExplorationDriver) -> dict
     return {
         "reports": state.report_count(),
         "rungs": state.rungs_answered,
-        "pruned_branches": len(state.pruned_at),
+        "pruned_branches": state.pruned_branches(),
         "time_to_first_rung_s": driver.first_rung,
         "reports_replayed": driver.channel.replayed if driver.channel is not None else 0,
     }
@@ -388,6 +388,8 @@ def execute(
         publisher.finish([], error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        if "driver" in locals():  # first: a channel left open refuses the client's next run
+            driver.close_reports()
         stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
         if stop is not None:
             stop()
@@ -398,7 +400,6 @@ def execute(
             budgeted.close()
         bar.close()
         if "driver" in locals():
-            driver.close_reports()
             driver.futures.clear()
         try:
             client.unregister_scheduler_plugin(monitor.name)

@@ -14,6 +14,8 @@ wrapped in :class:`Iterative`:
   ``"continue"`` or ``"stop"``, then the ``distributed.Event`` of the same name; the step
   waits on the event (``Event.wait`` with a timeout returns ``False``, where a timed-out
   ``Variable.get`` would log an error on the scheduler each time) and reads the variable.
+  While it waits it sends its report again every ``GATE_POLL_S`` (``"resend": True``), for
+  a run that did not hear it (a task Dask resumed for a later run's same key).
   Both live on the scheduler, so a generator that Dask restarts after its worker died
   finds every answer already given when it replays (it never waits twice for one rung, and
   never gets a different answer);
@@ -50,6 +52,7 @@ import queue
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +134,7 @@ class _Task:
         except (ImportError, ValueError):
             self.worker = self.key = None
         self.attempt = uuid.uuid4().hex[:12]
+        self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
 
     @property
     def live(self) -> bool:
@@ -147,6 +151,7 @@ class _Task:
                 "attempt": self.attempt,
             }
             self.worker.log_event(REPORT_TOPIC, msg)
+            self.sent = msg
 
     def cancelled(self) -> bool:
         """True once the run released this task (Dask marks it cancelled while it executes)."""
@@ -167,7 +172,18 @@ class _Task:
         while not answered.wait(timeout=GATE_POLL_S):
             if self.cancelled():
                 return STOP
-        return Variable(name, client=client).get()
+            # again: the run that heard it may have ended unanswered, and Dask may have handed this
+            # executing task to a later run submitting the same key, whose channel never heard it
+            self.worker.log_event(REPORT_TOPIC, dict(self.sent, resend=True))
+        variable = Variable(name, client=client)
+        while True:
+            # with a timeout: the run deletes its answers when it ends (ReportChannel.close), maybe
+            # between this event and this read; an untimed get would then hold the thread forever
+            try:
+                return variable.get(timeout=GATE_POLL_S)
+            except TimeoutError:
+                if self.cancelled():
+                    return STOP
 
 
 class Iterative:
@@ -258,6 +274,42 @@ def iterative_task(task: Any, prune: PruneSpec | None = None) -> Any:
     return Task(task.key, Iterative(fn, prune), *task.args, **task.kwargs)
 
 
+def _send_answers(client: Any, answers: queue.Queue, given: list) -> None:
+    """A ReportChannel's sender thread: sets each answer's variable, then its event."""
+    from distributed import Event, Variable
+
+    while True:
+        item = answers.get()
+        if item is None:
+            return
+        name, value = item
+        try:
+            Variable(name, client=client).set(value)
+            Event(name, client=client).set()
+            given.append(name)
+        except Exception as exc:  # the cluster is going away: nothing waits any more
+            logger.debug("quiver: cannot answer %s: %s", name, exc)
+
+
+#: client id -> its open ReportChannel (a client keeps one handler per event topic)
+_OPEN: "weakref.WeakValueDictionary[str, ReportChannel]" = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
+
+
+class _Forward:
+    """The handler a :class:`ReportChannel` subscribes: forwards to the channel while it lives."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: "weakref.ref[ReportChannel]"):
+        self.channel = channel
+
+    def __call__(self, event: Any) -> None:
+        channel = self.channel()
+        if channel is not None and not channel._closed:
+            channel._on_event(event)
+
+
 @dataclass
 class ReportChannel:
     """The client side of iterative steps: reports in, rung answers out.
@@ -286,9 +338,26 @@ class ReportChannel:
         self._answers: queue.Queue = queue.Queue()
         self._given: list[str] = []
         self._closed = False
-        self._sender = threading.Thread(target=self._send_answers, name="quiver-gate-answers", daemon=True)
+        self._client_id = str(getattr(self.client, "id", id(self.client)))
+        with _OPEN_LOCK:
+            if _OPEN.get(self._client_id) is not None:
+                raise RuntimeError(
+                    "another Quiver run on this Client is receiving iterative steps' reports; a Client "
+                    "takes one run at a time: run them one after another, or give each its own Client"
+                )
+            _OPEN[self._client_id] = self
+        # neither the sender thread nor the client's handler holds the channel: Client.unsubscribe_topic
+        # keeps the handler it was given, which would keep the ended run's driver and state alive
+        self._sender = threading.Thread(
+            target=_send_answers, args=(self.client, self._answers, self._given), name="quiver-gate-answers", daemon=True
+        )
         self._sender.start()
-        self.client.subscribe_topic(REPORT_TOPIC, self._on_event)
+        weakref.finalize(self, self._answers.put, None)  # a channel dropped unclosed ends its thread
+        try:
+            self.client.subscribe_topic(REPORT_TOPIC, _Forward(weakref.ref(self)))
+        except BaseException:
+            self.close()
+            raise
 
     def _on_event(self, event: Any) -> None:
         try:
@@ -303,7 +372,8 @@ class ReportChannel:
             seen.append(msg.get("attempt"))
         self.workers[key] = msg.get("worker")
         if iteration <= self.delivered.get(key, 0):
-            self.replayed += 1
+            if not msg.get("resend"):  # a rung report sent again while it waits is no replay
+                self.replayed += 1
             return
         self.delivered[key] = iteration
         if msg.get("wait"):
@@ -330,26 +400,14 @@ class ReportChannel:
                 raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
         self._answers.put((gate_name(key, iteration), value))
 
-    def _send_answers(self) -> None:
-        from distributed import Event, Variable
-
-        while True:
-            item = self._answers.get()
-            if item is None:
-                return
-            name, value = item
-            try:
-                Variable(name, client=self.client).set(value)
-                Event(name, client=self.client).set()
-                self._given.append(name)
-            except Exception as exc:  # the cluster is going away: nothing waits any more
-                logger.debug("quiver: cannot answer %s: %s", name, exc)
-
     def close(self) -> None:
         """Stop listening, wait for the answers in flight, delete every answer given."""
         if self._closed:
             return
         self._closed = True
+        with _OPEN_LOCK:
+            if _OPEN.get(self._client_id) is self:
+                del _OPEN[self._client_id]
         try:
             self.client.unsubscribe_topic(REPORT_TOPIC)
         except Exception:

@@ -122,8 +122,8 @@ class PruneSpec:
     a branch that makes ``max_iter`` reports stops there and completes (not pruned).
 
     >>> p = PruneSpec(factor=3, min_iter=2, max_iter=20)
-    >>> p.rungs(100), p.rung_of(6), p.rung_of(5), p.rung_of(18)
-    ((2, 6, 18), 1, None, 2)
+    >>> p.rungs(100), p.rung_of(6), p.rung_of(5), p.rung_of(18), p.rung_iteration(1)
+    ((2, 6, 18), 1, None, 2, 6)
     >>> PruneSpec(factor=2, min_iter=1, max_iter=4).rungs(100)
     (1, 2)
     """
@@ -140,6 +140,10 @@ class PruneSpec:
         while at < iteration:
             r, at = r + 1, at * self.factor
         return r if at == iteration else None
+
+    def rung_iteration(self, r: int) -> int:
+        """The reports a branch has made at rung ``r``: ``min_iter * factor**r``."""
+        return self.min_iter * self.factor**r
 
     def rungs(self, upto: int) -> tuple[int, ...]:
         """The rung iterations up to ``upto`` (included), in order."""

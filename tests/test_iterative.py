@@ -287,3 +287,74 @@ def test_the_transport_benchmark_runs_and_records_every_transport(tmp_path):
     assert set(data["reports"]) == {"log_event", "queue"}
     assert set(data["rung_answers"]) == {"event_variable (shipped)", "variable_poll", "queue_both_ways"}
     assert data["reports"]["log_event"]["latency"]["n"] == data["args"]["reports"]  # every report arrived
+
+
+def test_a_step_whose_answer_was_deleted_before_it_read_it_frees_its_thread(log_dir):
+    """The run's channel deletes its answers when the run ends (``ReportChannel.close``), which
+    can come right after the last "stop" of a run (the run ends when the last branch is pruned):
+    a step that saw the answer's event but had not yet read its variable must not block its
+    worker thread forever. Reproduced exactly: the event is set, the variable is gone."""
+    from distributed import Client, Event, LocalCluster
+
+    from graph.iterative import gate_name
+
+    prune = PruneSpec(factor=3, min_iter=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        Event(gate_name("gone-1", 1), client=c).set()  # answered, then the variable deleted
+        driver = Driver(c)  # reports only: nothing answers
+        try:
+            fut = c.submit(Iterative(endless, prune), "gone", log_dir, key="gone-1", pure=False)
+            driver.until("gone-1", 1)  # it waits at rung 1
+            fut.cancel()  # the run ended: its futures are released
+            after = c.submit(starts, "after", log_dir, "gone.closed", key="after", pure=False)
+            assert after.result(timeout=WAIT) == {"saw_closed": True}  # the one thread was freed
+        finally:
+            driver.channel.close()
+    assert Path(log_dir, "gone.closed").read_text() == "1"
+
+
+def test_one_channel_per_client_and_a_closed_one_is_not_kept_by_the_client(client):
+    """A client has one handler per event topic: a second run's channel on the same client
+    would silently take the first run's reports (its steps then wait at rungs for ever), so it
+    is refused with a message. And ``Client.unsubscribe_topic`` keeps the handler it was given:
+    a closed channel must not stay reachable through it (it would pin the ended run's driver
+    and state until the next run)."""
+    import gc
+    import weakref
+
+    first = ReportChannel(client, lambda key, i, report: None)
+    try:
+        with pytest.raises(RuntimeError, match="one run at a time"):
+            ReportChannel(client, lambda key, i, report: None)
+    finally:
+        first.close()
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None
+    ReportChannel(client, lambda key, i, report: None).close()  # the next run's channel is welcome
+
+
+def test_a_step_waiting_at_a_rung_no_run_answered_is_heard_by_the_next_run(client, log_dir):
+    """A run can end before it answers a rung (its loop ended, or it aborted) and Dask may hand
+    that still-executing step to the next run that submits its key: the step re-sends its rung
+    report while it waits, so the next run's channel hears it and can answer (else it waits for
+    ever). The run that already heard it does not count the re-send as a replay."""
+    prune = PruneSpec(factor=2, min_iter=1)
+    first = Driver(client)  # hears, never answers, ends
+    try:
+        fut = client.submit(Iterative(endless, prune), "unanswered", log_dir, (1.0, 1.0), key="unanswered-1", pure=False)
+        first.until("unanswered-1", 1)
+        time.sleep(2.5)  # the step re-sends while it waits: not replays for this channel
+        assert first.channel.replayed == 0
+    finally:
+        first.channel.close()
+    second = Driver(client, prune, {"unanswered-1": 0})  # answers every rung it hears
+    try:
+        key, i, _ = second.next(timeout=30)
+        assert (key, i) == ("unanswered-1", 1)
+        second.until("unanswered-1", 2)  # it went on: the re-sent rung was answered
+        fut.cancel()
+    finally:
+        second.channel.close()

@@ -245,3 +245,20 @@ def test_pruning_under_a_memory_budget_with_a_sampling_pass(client, tmp_path):
     stopped_at = check_rule(result, factor=3)
     assert stopped_at and result.value["name"] == "best"
     assert "spilled_bytes" in result.stats and result.stats["pruned_branches"] == len(stopped_at)
+
+
+def test_a_run_whose_cleanup_raises_leaves_no_report_channel_open(client, tmp_path):
+    """The run's report channel is closed first when the run ends, so a cleanup step that raises
+    after it (here: an ``on_driver`` watcher's ``close``) does not leave the channel open, which
+    would refuse every later run on the client (one channel per client)."""
+    from graph.executor import execute
+
+    class Watcher:
+        def close(self):
+            raise OSError("watcher could not close")
+
+    node = exploration(tmp_path, curves=CURVES[:3], delay=0.0)
+    with pytest.raises(OSError, match="watcher could not close"):
+        execute(node.compile(), client, progress=False, on_driver=lambda driver: Watcher())
+    result = exploration(tmp_path, curves=CURVES[:3], delay=0.0).run(client)  # the next run on this client
+    assert result.value["name"] == "best"

@@ -290,3 +290,59 @@ def test_steps_after_a_pruning_choose_run_for_the_kept_branch_only():
     assert isinstance(s.handle(TaskFinished(c.branches[1].key))[-1], Finished)
     rows = s.rows()
     assert [(r.status, r.chosen, r.iterations) for r in rows] == [("pruned", False, 1), ("ok", True, 4)]
+
+
+def test_a_pruned_step_counts_every_branch_it_ends_in_the_progress_line_and_stats():
+    """A pruning choose followed by an explore: one stopped step ends two output branches, and
+    the progress line and ``stats["pruned_branches"]`` count branches (the table's rows), not steps."""
+    node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
+    c = node.choose("score", prune=halving(factor=2)).explore("e", grid(ps.tag, g=["y", "z"])).compile()
+    ka, kb = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    s.handle(Report(kb, 1, {"score": 0.5}))
+    assert s.handle(Report(ka, 1, {"score": 0.1}))[-1] == Answer(ka, 1, "stop")
+    pruned_rows = sum(s.status(j) == "pruned" for j in range(len(c.branches)))  # live statuses
+    assert pruned_rows == 2
+    assert s.pruned_branches() == pruned_rows
+    assert "pruned 2 at rung 0" in s.pruning_line()
+
+
+def test_the_history_is_not_copied_by_every_operation_on_the_table():
+    """pandas deep-copies a table's ``attrs`` on every operation (a column, a filter): a long
+    run's history (branches x reports) made each of them take seconds. The history is a record
+    of the run, shared by the tables derived from the result's table."""
+    import copy
+
+    from graph.table import build_table
+
+    c = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"])).choose("score").compile()
+    ka, _ = (b.key for b in c.chooses[0].inputs)
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    s.handle(*(Report(ka, i, {"score": 0.1 * i}) for i in range(1, 4)))
+    table, _ = build_table(c, s.rows(), {}, {})
+    history = table.attrs["history"]
+    assert [len(h) for h in history] == [3, 0] and history[0][2] == {"score": pytest.approx(0.3)}
+    assert table["status"].attrs["history"] is history
+    assert table[table["iterations"] > 0].attrs["history"] is history
+    assert copy.deepcopy(history) is history
+
+
+def test_a_report_from_an_execution_the_run_did_not_start_is_still_answered_at_its_rung():
+    """Dask resumes a task that an earlier run on the client cancelled while it was executing
+    (a first-k-above-threshold cancel, an abort) when the next run submits the same key: the
+    step goes on reporting from where it was, and this run never saw its first reports. At a
+    rung it waits for an answer, so it must get one (ranked by this report's metric), not be
+    ignored (it would wait for ever and hold the run)."""
+    c = pipeline([A, B, C])
+    ka, kb, kc = (b.key for b in c.chooses[0].inputs)
+    ma, mb, mc = c.chooses[0].metric_keys
+    s = ExplorationState(c, publish=False)
+    s.handle(Start())
+    assert s.handle(Report(ka + "~again9", 2, {"score": 0.9})) == []  # not submitted by this run: not its step
+    assert s.handle(Report(ka, 2, {"score": 0.3})) == [Answer(ka, 2, "continue")]  # first at rung 2
+    assert s.handle(Report(kc, 2, {"score": 0.1})) == [Cancel((mc,)), Answer(kc, 2, "stop")]  # 2nd, worse
+    assert s.handle(Report(ka, 3, {"score": 0.4})) == []  # not a rung
+    assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # from the start: as ever
+    assert [r.iterations for r in s.rows()][1] == 1

@@ -223,6 +223,7 @@ class ExplorationState:
                 for i, b in enumerate(cp.inputs):
                     self.prune_inputs[b.key].append((cp.index, i))
         self.pruned_at: dict[str, tuple[int, int]] = {}  # key -> (rung index, iteration) it was stopped at
+        self.pruned_rows: Counter = Counter()  # rung index -> output branches its stops ended
         # the dashboard's report curves: key -> the curve choose's metric of each report
         self.curve_choose = curve_choose(compiled.chooses) if self.iterative else None
         self.curves: dict[str, list[float]] = defaultdict(list)
@@ -388,11 +389,15 @@ class ExplorationState:
                 self.answered.add((name, iteration))  # a recompute copy waits under its own name
                 self._answers.append(Answer(name, iteration, given))
             return
-        if iteration != len(self.history[key]) + 1:
-            return  # never happens with ReportChannel (in order per key); never guess a gap
-        self.history[key].append(values)
-        if self.curve_choose is not None:
-            self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
+        # a gap: an execution this run did not start (Dask resumes a task an earlier run on the
+        # client cancelled while it ran, when this run submits its key): its rungs are still
+        # ranked and answered (it waits there), its history is not guessed
+        if iteration != len(self.history[key]) + 1 and name not in self.submitted:
+            return  # a gap under a name this run never submitted: another run's leftover step
+        if iteration == len(self.history[key]) + 1:
+            self.history[key].append(values)
+            if self.curve_choose is not None:
+                self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
             if tip.t.kind == "output":
                 self._dirty_outputs.add(tip.t.index)
@@ -420,6 +425,9 @@ class ExplorationState:
             self._answers.append(Answer(name, iteration, given))
         if stop is not None:
             self.pruned_at[key] = (stop.rung, iteration)
+            # the output branches this stop ends (a later explore gives a step several)
+            self.pruned_rows[stop.rung] += sum(
+                1 for tip in self.by_key.get(key, ()) if tip.t.kind == "output" and not tip.dead and not tip.resolved)
             if self.current.get(key, key) in self.held and key not in self.finished:
                 self.stopping.add(key)  # held until it returns Pruned: its worker time is measured
             self._stop(key)
@@ -840,12 +848,17 @@ class ExplorationState:
         }
 
     def pruning_line(self) -> str:
-        """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part)."""
-        at: Counter = Counter(r for r, _ in self.pruned_at.values())
+        """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part;
+        pruned output branches, as the table's rows)."""
+        at = +self.pruned_rows
         text = f"reports {self.report_count()}, rungs {self.rungs_answered}"
         if at:
             text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
         return text
+
+    def pruned_branches(self) -> int:
+        """Output branches (the table's rows) that a pruning choose's stop ended."""
+        return sum(self.pruned_rows.values())
 
     def report_count(self) -> int:
         """Reports taken so far (each iteration of each key once: replays are not counted)."""
@@ -861,7 +874,7 @@ class ExplorationState:
             p = h.prune
             for (g, r), entries in h.arrivals.items():
                 for e in entries:
-                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.min_iter * p.factor**r,
+                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.rung_iteration(r),
                                 "input": e.branch, "metric": e.metric, "continued": e.continued, "n": e.n})
         return out
 

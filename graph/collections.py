@@ -516,9 +516,26 @@ class CollectionSteps:
         self.tasks: dict[str, tuple] = {}  # step key -> its value's collection tasks
         self.layers: dict[str, dict] = {}  # dask expression name -> its layer (built once)
 
+    def _graph(self, where: str, call: Any, key: str, value: Any, marked: bool | None) -> bool:
+        """Build ``value``'s tasks once, refusing any compute: Dask may compute while it builds a
+        graph (``sort_values`` computes its divisions when lowered), and that would read the data
+        on the client. ``False``: it computes, so the step is plain (an unmarked step)."""
+        if key in self.tasks:
+            return True
+        try:
+            with _no_compute():
+                self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
+        except ComputeRefused:
+            if marked:
+                raise PipelineError(
+                    f"{where}: step {call.label} is marked lazy but computes its input while its Dask graph "
+                    "is built (e.g. sort_values or set_index without divisions compute quantiles). Make it "
+                    "lazy (give divisions), or mark it pipelines.eager to run it on the computed value."
+                ) from None
+            return False
+        return True
+
     def _branch(self, key: str, value: Any, call: Any, items: tuple, lineage: tuple, gates: tuple) -> Any:
-        if key not in self.tasks:
-            self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
         for k, task in self.tasks[key]:
             self.graph.setdefault(k, task)
         if call.size_hint is not None:  # node.size_hint: bytes per partition of the step's output
@@ -534,6 +551,7 @@ class CollectionSteps:
             return None
         if key not in self.values:
             self.values[key] = call_source(where, call.label, call.fn, call.param_dict)
+        self._graph(where, call, key, self.values[key], True)
         return self._branch(key, self.values[key], call, (), (), ())
 
     def step(self, where: str, call: Any, key: str, inputs: Sequence[tuple[str | None, Any]],
@@ -557,6 +575,9 @@ class CollectionSteps:
             self.values[key] = apply_lazily(where, call.label, call.fn, args, {**kwargs, **call.param_dict}, marked)
         value = self.values[key]
         if value is None:
+            return None
+        if not self._graph(where, call, key, value, marked):
+            self.values[key] = None  # a plain step after all (asked again by the next branch)
             return None
         return self._branch(key, value, call, items, lineage, gates)
 

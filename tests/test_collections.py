@@ -95,6 +95,19 @@ def test_steps_that_compute_are_plain_steps_and_say_so(files):
     assert c2.branches[0].lazy is None
 
 
+def test_a_step_whose_graph_computes_reads_nothing_on_the_client(files, tmp_path):
+    # sort_values is lazy when called; Dask computes its divisions when the graph is built
+    from pipelines import lazy
+
+    src = Pipeline("sort").source(cs.table, files=files, log=str(tmp_path))
+    with pytest.warns(CollectionWarning):
+        c = src.then(cs.sort_x2).compile()
+    assert c.branches[0].lazy is None  # a plain step: sorted on a worker, on the computed table
+    with pytest.raises(PipelineError, match=r"then\(sort_x2\).*marked lazy but computes"):
+        src.then(lazy(cs.sort_x2)).compile()
+    assert os.listdir(tmp_path) == []  # no partition was read on the client
+
+
 def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
     node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
     with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):

@@ -456,13 +456,28 @@ def finish_value(client: Any, value: Any, gathered: Any, compute: bool) -> Any:
         return gathered
     slots: dict[int, Any] = {}
     _read_slots(repack([_Slot(i) for i in range(len(colls))])[0], gathered, slots)
-    parts = [c for c in colls if is_partitioned(c)]
+    parts = [_held(client, c) for c in colls if is_partitioned(c)]
     if compute:
         done = client.gather(client.compute(parts, optimize_graph=False))
     else:
-        done = client.persist(parts, optimize_graph=False)
+        done = parts
     it = iter(done)
     return repack([next(it) if is_partitioned(c) else slots[i] for i, c in enumerate(colls)])[0]
+
+
+def _held(client: Any, c: Any) -> Any:
+    """``c`` persisted from the partitions the run holds: a future per partition key, rebuilt
+    with ``__dask_postpersist__`` (what ``client.persist`` does once it has submitted the graph).
+    Submitting ``c``'s graph instead would send the scheduler every upstream task again, unfused,
+    under keys the run filed fused tasks under (its "different run_spec" warning)."""
+    from dask.core import flatten
+    from distributed import Future
+
+    keys = list(flatten(c.__dask_keys__()))
+    if not all(k in client.futures for k in keys):  # not held by this client: submit the graph
+        return client.persist(c, optimize_graph=False)
+    rebuild, extra = c.__dask_postpersist__()
+    return rebuild({k: Future(k, client) for k in keys}, *extra)
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,14 @@ def test_shared_partitions_run_once_and_match_plain_dask(files, client, tmp_path
 def test_a_kept_collection_stays_distributed(files, client):
     node = Pipeline("keep").source(cs.table, files=files).explore(
         "clean", *[grid(cs.clean, method=[m]) for m in ("drop", "zero")])
+    def run_spec_warnings():  # the scheduler's: a key submitted again with another task under it
+        return sum("different `run_spec`" in msg for _, msg in client.get_scheduler_logs(n=10_000))
+
+    before = run_spec_warnings()
     r = node.run(client, quiet=True, progress=False)
     drop, zero = r.value
+    # kept from the partitions the run holds (futures), not by submitting the unfused graph again
+    assert run_spec_warnings() == before
     assert type(drop).__name__ == "DataFrame" and drop.npartitions == 4
     futures = [v for v in dict(drop.__dask_graph__()).values()]
     assert futures and all(type(f).__name__ in ("Future", "DataNode", "Alias") or hasattr(f, "key") for f in futures)

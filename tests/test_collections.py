@@ -108,6 +108,17 @@ def test_a_step_whose_graph_computes_reads_nothing_on_the_client(files, tmp_path
     assert os.listdir(tmp_path) == []  # no partition was read on the client
 
 
+def test_a_failed_partition_is_logged_under_its_step_name():
+    import logging
+
+    from graph.logdigest import ComputeFailedDigest
+
+    d = ComputeFailedDigest()
+    rec = logging.LogRecord("distributed.worker", logging.ERROR, "", 0, "Compute Failed %s %s %s %r",
+                            (("boom-01f7af", 2), "executing", "<Task>", ValueError("bad")), None)
+    assert d.filter(rec) and "step 'boom' raised" in rec.getMessage()  # not "('boom" (str of the tuple)
+
+
 def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
     node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
     with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):

@@ -530,6 +530,7 @@ class CollectionSteps:
         self.values: dict[str, Any] = {}  # step key -> its lazy value (each step applied once)
         self.tasks: dict[str, tuple] = {}  # step key -> its value's collection tasks
         self.layers: dict[str, dict] = {}  # dask expression name -> its layer (built once)
+        self.step_of: dict = {}  # a collection task's key -> the step key that first built it
 
     def _graph(self, where: str, call: Any, key: str, value: Any, marked: bool | None) -> bool:
         """Build ``value``'s tasks once, refusing any compute: Dask may compute while it builds a
@@ -553,6 +554,7 @@ class CollectionSteps:
     def _branch(self, key: str, value: Any, call: Any, items: tuple, lineage: tuple, gates: tuple) -> Any:
         for k, task in self.tasks[key]:
             self.graph.setdefault(k, task)
+            self.step_of.setdefault(k, key)
         if call.size_hint is not None:  # node.size_hint: bytes per partition of the step's output
             for k in partition_keys(value):
                 self.size_hints[k] = int(call.size_hint)

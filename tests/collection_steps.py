@@ -121,3 +121,12 @@ def n_rows(df):
 def sort_x2(df):
     """Lazy when called, but dask computes the divisions (quantiles of x2) when its graph is built."""
     return df.sort_values("x2")
+
+
+def _boom(part):
+    raise ValueError("bad partition")
+
+
+def failing(df):
+    """A collection step whose partition function (``_boom``) fails on the worker."""
+    return df.map_partitions(_boom, meta=df._meta)

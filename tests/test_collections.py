@@ -119,6 +119,20 @@ def test_a_failed_partition_is_logged_under_its_step_name():
     assert d.filter(rec) and "step 'boom' raised" in rec.getMessage()  # not "('boom" (str of the tuple)
 
 
+def test_a_failed_partition_names_the_collection_step_in_the_table(files):
+    from graph.state import TaskFailed
+
+    node = Pipeline("fail").source(cs.table, files=files).explore("c", ok=grid(cs.clean, method=["zero"]), bad=cs.failing)
+    c = node.compile()
+    s = ExplorationState(c)
+    s.handle(Start())
+    bad = c.branches[1]
+    part = next(k for k in bad.lineage if isinstance(k, tuple) and k not in c.branches[0].lineage)
+    s.handle(TaskFailed(part, "ValueError('bad partition')", ""))
+    row = s.rows()[1]
+    assert row.failed_step == "failing"  # the node, not the Dask layer ("_boom") its partition came from
+
+
 def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
     node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
     with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):

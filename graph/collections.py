@@ -506,8 +506,11 @@ def compute_value(client: Any, value: Any) -> Any:
     """``value`` with its collections computed through ``client`` (``value`` when it holds none)."""
     if not contains_collection(value):
         return value
-    if client is None:
-        raise RuntimeError("this result's collections need the cluster the run used, which is closed")
+    if client is None or getattr(client, "status", "running") in ("closing", "closed"):
+        raise RuntimeError(
+            "this result's collections need the cluster the run used, which is closed: call "
+            "compute_value() before result.close() (inside its with-block), or run with compute_value=True"
+        )
     from dask.base import unpack_collections
 
     colls, repack = unpack_collections(value)

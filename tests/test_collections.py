@@ -315,3 +315,5 @@ def test_an_embedded_cluster_stays_open_for_a_persisted_value_until_closed(files
         local = cs.clean(cs.table.__wrapped__(files), "zero").compute(scheduler="sync")
         assert r.compute_value().reset_index(drop=True).equals(local.reset_index(drop=True))
     assert r.client.status == "closed"  # with-block (or r.close()) closed the embedded cluster
+    with pytest.raises(RuntimeError, match="closed"):
+        r.compute_value()  # says why, not a comm error from the closed client

@@ -218,6 +218,20 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
     return out
 
 
+def _fresh(value: Any) -> Any:
+    """``value`` with each collection a shallow copy (same keys): a step that changes its
+    input in place (``df["z"] = ...``, ``x[x < 0] = 0`` rebind the collection's graph) must
+    not change the value other branches share, as a plain step's worker-side copy would not."""
+    import copy
+
+    from dask.base import unpack_collections
+
+    colls, repack = unpack_collections(value)
+    if not colls:
+        return value
+    return repack([copy.copy(c) for c in colls])[0]
+
+
 # ---- graphs ------------------------------------------------------------------------------------
 def collection_tasks(value: Any, layers: dict | None = None) -> dict:
     """Every task of the collections in ``value`` as ``dask.task_spec`` nodes, by Dask's keys,
@@ -590,8 +604,8 @@ class CollectionSteps:
                 )
             return None
         if key not in self.values:
-            args = [b.lazy for n, b in inputs if n is None]
-            kwargs = {n: b.lazy for n, b in inputs if n is not None}
+            args = [_fresh(b.lazy) for n, b in inputs if n is None]
+            kwargs = {n: _fresh(b.lazy) for n, b in inputs if n is not None}
             self.values[key] = apply_lazily(where, call.label, call.fn, args, {**kwargs, **call.param_dict}, marked)
         value = self.values[key]
         if value is None:

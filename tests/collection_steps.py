@@ -130,3 +130,13 @@ def _boom(part):
 def failing(df):
     """A collection step whose partition function (``_boom``) fails on the worker."""
     return df.map_partitions(_boom, meta=df._meta)
+
+
+def add_square(df):
+    """Pandas style: adds a column to its input in place (a Dask DataFrame's __setitem__)."""
+    df["x1sq"] = df.x1**2
+    return df
+
+
+def with_ncols(df):
+    return df.assign(ncols=len(df.columns))

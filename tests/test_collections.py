@@ -133,6 +133,17 @@ def test_a_failed_partition_names_the_collection_step_in_the_table(files):
     assert row.failed_step == "failing"  # the node, not the Dask layer ("_boom") its partition came from
 
 
+def test_a_step_that_changes_its_input_in_place_does_not_change_other_branches(files):
+    from dask._task_spec import execute_graph
+
+    c = Pipeline("inplace").source(cs.table, files=files).explore("f", sq=cs.add_square, n=cs.with_ncols).compile()
+    sq, n = c.branches
+    out = execute_graph(c.graph)
+    part = out[n.lazy.__dask_keys__()[0]]
+    assert list(part.columns) == ["x1", "x2", "x3", "y", "ncols"] and (part.ncols == 4).all()  # no x1sq
+    assert "x1sq" in out[sq.lazy.__dask_keys__()[0]].columns
+
+
 def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
     node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
     with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):

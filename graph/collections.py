@@ -218,6 +218,20 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
     return out
 
 
+def _fresh(value: Any) -> Any:
+    """``value`` with each collection a shallow copy (same keys): a step that changes its
+    input in place (``df["z"] = ...``, ``x[x < 0] = 0`` rebind the collection's graph) must
+    not change the value other branches share, as a plain step's worker-side copy would not."""
+    import copy
+
+    from dask.base import unpack_collections
+
+    colls, repack = unpack_collections(value)
+    if not colls:
+        return value
+    return repack([copy.copy(c) for c in colls])[0]
+
+
 # ---- graphs ------------------------------------------------------------------------------------
 def collection_tasks(value: Any, layers: dict | None = None) -> dict:
     """Every task of the collections in ``value`` as ``dask.task_spec`` nodes, by Dask's keys,
@@ -456,13 +470,28 @@ def finish_value(client: Any, value: Any, gathered: Any, compute: bool) -> Any:
         return gathered
     slots: dict[int, Any] = {}
     _read_slots(repack([_Slot(i) for i in range(len(colls))])[0], gathered, slots)
-    parts = [c for c in colls if is_partitioned(c)]
+    parts = [_held(client, c) for c in colls if is_partitioned(c)]
     if compute:
         done = client.gather(client.compute(parts, optimize_graph=False))
     else:
-        done = client.persist(parts, optimize_graph=False)
+        done = parts
     it = iter(done)
     return repack([next(it) if is_partitioned(c) else slots[i] for i, c in enumerate(colls)])[0]
+
+
+def _held(client: Any, c: Any) -> Any:
+    """``c`` persisted from the partitions the run holds: a future per partition key, rebuilt
+    with ``__dask_postpersist__`` (what ``client.persist`` does once it has submitted the graph).
+    Submitting ``c``'s graph instead would send the scheduler every upstream task again, unfused,
+    under keys the run filed fused tasks under (its "different run_spec" warning)."""
+    from dask.core import flatten
+    from distributed import Future
+
+    keys = list(flatten(c.__dask_keys__()))
+    if not all(k in client.futures for k in keys):  # not held by this client: submit the graph
+        return client.persist(c, optimize_graph=False)
+    rebuild, extra = c.__dask_postpersist__()
+    return rebuild({k: Future(k, client) for k in keys}, *extra)
 
 
 @dataclass(frozen=True)
@@ -491,8 +520,11 @@ def compute_value(client: Any, value: Any) -> Any:
     """``value`` with its collections computed through ``client`` (``value`` when it holds none)."""
     if not contains_collection(value):
         return value
-    if client is None:
-        raise RuntimeError("this result's collections need the cluster the run used, which is closed")
+    if client is None or getattr(client, "status", "running") in ("closing", "closed"):
+        raise RuntimeError(
+            "this result's collections need the cluster the run used, which is closed: call "
+            "compute_value() before result.close() (inside its with-block), or run with compute_value=True"
+        )
     from dask.base import unpack_collections
 
     colls, repack = unpack_collections(value)
@@ -515,12 +547,31 @@ class CollectionSteps:
         self.values: dict[str, Any] = {}  # step key -> its lazy value (each step applied once)
         self.tasks: dict[str, tuple] = {}  # step key -> its value's collection tasks
         self.layers: dict[str, dict] = {}  # dask expression name -> its layer (built once)
+        self.step_of: dict = {}  # a collection task's key -> the step key that first built it
+
+    def _graph(self, where: str, call: Any, key: str, value: Any, marked: bool | None) -> bool:
+        """Build ``value``'s tasks once, refusing any compute: Dask may compute while it builds a
+        graph (``sort_values`` computes its divisions when lowered), and that would read the data
+        on the client. ``False``: it computes, so the step is plain (an unmarked step)."""
+        if key in self.tasks:
+            return True
+        try:
+            with _no_compute():
+                self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
+        except ComputeRefused:
+            if marked:
+                raise PipelineError(
+                    f"{where}: step {call.label} is marked lazy but computes its input while its Dask graph "
+                    "is built (e.g. sort_values or set_index without divisions compute quantiles). Make it "
+                    "lazy (give divisions), or mark it pipelines.eager to run it on the computed value."
+                ) from None
+            return False
+        return True
 
     def _branch(self, key: str, value: Any, call: Any, items: tuple, lineage: tuple, gates: tuple) -> Any:
-        if key not in self.tasks:
-            self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
         for k, task in self.tasks[key]:
             self.graph.setdefault(k, task)
+            self.step_of.setdefault(k, key)
         if call.size_hint is not None:  # node.size_hint: bytes per partition of the step's output
             for k in partition_keys(value):
                 self.size_hints[k] = int(call.size_hint)
@@ -534,6 +585,7 @@ class CollectionSteps:
             return None
         if key not in self.values:
             self.values[key] = call_source(where, call.label, call.fn, call.param_dict)
+        self._graph(where, call, key, self.values[key], True)
         return self._branch(key, self.values[key], call, (), (), ())
 
     def step(self, where: str, call: Any, key: str, inputs: Sequence[tuple[str | None, Any]],
@@ -552,11 +604,14 @@ class CollectionSteps:
                 )
             return None
         if key not in self.values:
-            args = [b.lazy for n, b in inputs if n is None]
-            kwargs = {n: b.lazy for n, b in inputs if n is not None}
+            args = [_fresh(b.lazy) for n, b in inputs if n is None]
+            kwargs = {n: _fresh(b.lazy) for n, b in inputs if n is not None}
             self.values[key] = apply_lazily(where, call.label, call.fn, args, {**kwargs, **call.param_dict}, marked)
         value = self.values[key]
         if value is None:
+            return None
+        if not self._graph(where, call, key, value, marked):
+            self.values[key] = None  # a plain step after all (asked again by the next branch)
             return None
         return self._branch(key, value, call, items, lineage, gates)
 

@@ -114,6 +114,9 @@ class CompiledPipeline:
     max_kept: int
     dependents: dict[str, set[str]] = field(default_factory=dict)
     size_hints: dict[str, int] = field(default_factory=dict)
+    #: a Dask collection task's key -> the key of the step that built it (graph/collections.py):
+    #: a failed partition names its step in the table, not the Dask layer it came from
+    step_of: dict = field(default_factory=dict)
 
     @property
     def output_keys(self) -> list[str]:
@@ -388,4 +391,5 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
         max_kept=max_branches(spec),
         dependents=dependents,
         size_hints=c.size_hints,
+        step_of={} if c._collections is None else c._collections.step_of,
     )

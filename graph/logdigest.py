@@ -33,6 +33,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .keys import step_name
+
 __all__ = ["ComputeFailedDigest", "ErrorDigestPlugin"]
 
 logger = logging.getLogger("distributed.worker")
@@ -54,7 +56,7 @@ class ComputeFailedDigest(logging.Filter):
             key, _state, _task, exc = record.args[:4]
         except (TypeError, ValueError):
             return True
-        step = str(key).split("~again", 1)[0].rsplit("-", 1)[0]
+        step = step_name(key)  # a partition key ("<layer>-<token>", i) names its layer
         kind = (step, repr(exc) if not isinstance(exc, str) else exc)
         with self.lock:
             n = self.counts.get(kind, 0) + 1

@@ -116,3 +116,27 @@ def wrong_column(df):
 def n_rows(df):
     """A plain step: it computes (len of a collection)."""
     return {"rows": len(df)}
+
+
+def sort_x2(df):
+    """Lazy when called, but dask computes the divisions (quantiles of x2) when its graph is built."""
+    return df.sort_values("x2")
+
+
+def _boom(part):
+    raise ValueError("bad partition")
+
+
+def failing(df):
+    """A collection step whose partition function (``_boom``) fails on the worker."""
+    return df.map_partitions(_boom, meta=df._meta)
+
+
+def add_square(df):
+    """Pandas style: adds a column to its input in place (a Dask DataFrame's __setitem__)."""
+    df["x1sq"] = df.x1**2
+    return df
+
+
+def with_ncols(df):
+    return df.assign(ncols=len(df.columns))

@@ -95,6 +95,55 @@ def test_steps_that_compute_are_plain_steps_and_say_so(files):
     assert c2.branches[0].lazy is None
 
 
+def test_a_step_whose_graph_computes_reads_nothing_on_the_client(files, tmp_path):
+    # sort_values is lazy when called; Dask computes its divisions when the graph is built
+    from pipelines import lazy
+
+    src = Pipeline("sort").source(cs.table, files=files, log=str(tmp_path))
+    with pytest.warns(CollectionWarning):
+        c = src.then(cs.sort_x2).compile()
+    assert c.branches[0].lazy is None  # a plain step: sorted on a worker, on the computed table
+    with pytest.raises(PipelineError, match=r"then\(sort_x2\).*marked lazy but computes"):
+        src.then(lazy(cs.sort_x2)).compile()
+    assert os.listdir(tmp_path) == []  # no partition was read on the client
+
+
+def test_a_failed_partition_is_logged_under_its_step_name():
+    import logging
+
+    from graph.logdigest import ComputeFailedDigest
+
+    d = ComputeFailedDigest()
+    rec = logging.LogRecord("distributed.worker", logging.ERROR, "", 0, "Compute Failed %s %s %s %r",
+                            (("boom-01f7af", 2), "executing", "<Task>", ValueError("bad")), None)
+    assert d.filter(rec) and "step 'boom' raised" in rec.getMessage()  # not "('boom" (str of the tuple)
+
+
+def test_a_failed_partition_names_the_collection_step_in_the_table(files):
+    from graph.state import TaskFailed
+
+    node = Pipeline("fail").source(cs.table, files=files).explore("c", ok=grid(cs.clean, method=["zero"]), bad=cs.failing)
+    c = node.compile()
+    s = ExplorationState(c)
+    s.handle(Start())
+    bad = c.branches[1]
+    part = next(k for k in bad.lineage if isinstance(k, tuple) and k not in c.branches[0].lineage)
+    s.handle(TaskFailed(part, "ValueError('bad partition')", ""))
+    row = s.rows()[1]
+    assert row.failed_step == "failing"  # the node, not the Dask layer ("_boom") its partition came from
+
+
+def test_a_step_that_changes_its_input_in_place_does_not_change_other_branches(files):
+    from dask._task_spec import execute_graph
+
+    c = Pipeline("inplace").source(cs.table, files=files).explore("f", sq=cs.add_square, n=cs.with_ncols).compile()
+    sq, n = c.branches
+    out = execute_graph(c.graph)
+    part = out[n.lazy.__dask_keys__()[0]]
+    assert list(part.columns) == ["x1", "x2", "x3", "y", "ncols"] and (part.ncols == 4).all()  # no x1sq
+    assert "x1sq" in out[sq.lazy.__dask_keys__()[0]].columns
+
+
 def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
     node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
     with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):
@@ -168,8 +217,14 @@ def test_shared_partitions_run_once_and_match_plain_dask(files, client, tmp_path
 def test_a_kept_collection_stays_distributed(files, client):
     node = Pipeline("keep").source(cs.table, files=files).explore(
         "clean", *[grid(cs.clean, method=[m]) for m in ("drop", "zero")])
+    def run_spec_warnings():  # the scheduler's: a key submitted again with another task under it
+        return sum("different `run_spec`" in msg for _, msg in client.get_scheduler_logs(n=10_000))
+
+    before = run_spec_warnings()
     r = node.run(client, quiet=True, progress=False)
     drop, zero = r.value
+    # kept from the partitions the run holds (futures), not by submitting the unfused graph again
+    assert run_spec_warnings() == before
     assert type(drop).__name__ == "DataFrame" and drop.npartitions == 4
     futures = [v for v in dict(drop.__dask_graph__()).values()]
     assert futures and all(type(f).__name__ in ("Future", "DataNode", "Alias") or hasattr(f, "key") for f in futures)
@@ -271,3 +326,5 @@ def test_an_embedded_cluster_stays_open_for_a_persisted_value_until_closed(files
         local = cs.clean(cs.table.__wrapped__(files), "zero").compute(scheduler="sync")
         assert r.compute_value().reset_index(drop=True).equals(local.reset_index(drop=True))
     assert r.client.status == "closed"  # with-block (or r.close()) closed the embedded cluster
+    with pytest.raises(RuntimeError, match="closed"):
+        r.compute_value()  # says why, not a comm error from the closed client

@@ -527,7 +527,7 @@ class ExplorationState:
         tip.state = FAILED
         tip.error, tip.traceback = self.errors[root]
         if root in self.c.graph:
-            tip.failed_step = step_name(root)
+            tip.failed_step = step_name(self.c.step_of.get(original_key(root), root))  # a partition: its step
         else:
             tip.failed_step = f"choose({self.c.chooses[t.choose].spec.metric_name!r})"
         if t.kind == "output":

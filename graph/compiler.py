@@ -28,6 +28,7 @@ from typing import Any
 
 from dask.task_spec import Task, TaskRef
 
+from .collections import is_lazy_marked
 from .errors import PipelineError
 from .keys import TokenizationError, metric_key, step_key
 from .shipping import shippable
@@ -66,6 +67,10 @@ class Branch:
     key: str
     lineage: tuple[str, ...]
     gates: tuple[Gate, ...] = ()
+    #: a collection step's lazy value (graph/collections.py); ``None`` for a plain value
+    lazy: Any = field(default=None, compare=False, repr=False)
+    #: the partitions an output branch's value is made of (held for the user; collections only)
+    parts: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def choices(self) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -213,15 +218,28 @@ class _Compiler:
         self.chooses: list[ChoosePoint] = []
         self.memo: dict[int, list[Branch]] = {}
         self.size_hints: dict[str, int] = {}
+        self._collections = None
 
-    def task(self, spec: Spec, call: Call, inputs: tuple, args: tuple, kwargs: dict) -> str:
+    @property
+    def collections(self):
+        """Collection steps (graph/collections.py), loaded when a pipeline needs them."""
+        if self._collections is None:
+            from .collections import CollectionSteps
+
+            self._collections = CollectionSteps(self.graph, self.size_hints, _lazy_branch)
+        return self._collections
+
+    def key(self, spec: Spec, call: Call, inputs: tuple) -> str:
         try:
-            key = step_key(call.fn, call.param_dict, inputs)
+            return step_key(call.fn, call.param_dict, inputs)
         except TokenizationError as exc:
             raise PipelineError(
                 f"{describe(spec)}: step {call.label} cannot be given a deterministic key ({exc}). "
                 "Use plain parameter values or give objects a __dask_tokenize__ method."
             ) from None
+
+    def task(self, spec: Spec, call: Call, inputs: tuple, args: tuple, kwargs: dict) -> str:
+        key = self.key(spec, call, inputs)
         if key not in self.graph:
             self.graph[key] = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
         if call.size_hint is not None:
@@ -235,6 +253,9 @@ class _Compiler:
 
     def _branches(self, spec: Spec) -> list[Branch]:
         if isinstance(spec, SourceSpec):
+            if is_lazy_marked(spec.call.fn):  # a lazy source (graph/collections.py)
+                key = self.key(spec, spec.call, ())
+                return [self.collections.source(describe(spec), spec.call, key)]
             key = self.task(spec, spec.call, (), (), {})
             return [Branch((), key, (key,))]
         if isinstance(spec, StepSpec):
@@ -251,6 +272,14 @@ class _Compiler:
         return self._choose(spec)
 
     def _extend(self, spec: Spec, b: Branch, call: Call, items: tuple) -> Branch:
+        if b.lazy is not None or is_lazy_marked(call.fn):  # a collection step, or a plain one on a computed value
+            key = self.key(spec, call, (b.key,))
+            lazy = self.collections.step(describe(spec), call, key, [(None, b)], items, b.lineage, b.gates)
+            if lazy is not None:
+                return lazy
+            ref, extra = self.collections.computed(describe(spec), call.label, b)
+            key = self.task(spec, call, (b.key,), (TaskRef(ref),), {})
+            return Branch(items, key, _merge(b.lineage + extra, (key,)), b.gates)
         key = self.task(spec, call, (b.key,), (TaskRef(b.key),), {})
         return Branch(items, key, _merge(b.lineage, (key,)), b.gates)
 
@@ -272,14 +301,25 @@ class _Compiler:
             if not ok:
                 continue
             inputs = tuple((n, b.key) for n, b in zip(names, combo))
-            kwargs = {n: TaskRef(b.key) for n, b in zip(names, combo)}
-            key = self.task(spec, spec.call, inputs, (), kwargs)
             lineage: tuple[str, ...] = ()
             gates: tuple[Gate, ...] = ()
             for b in combo:
                 lineage = _merge(lineage, b.lineage)
                 gates = _merge(gates, b.gates)
             items = tuple((n, lab, p) for n, (lab, p) in merged.items())
+            refs = {n: b.key for n, b in zip(names, combo)}
+            if any(b.lazy is not None for b in combo) or is_lazy_marked(spec.call.fn):  # graph/collections.py
+                key = self.key(spec, spec.call, inputs)
+                where = describe(spec)
+                lazy = self.collections.step(where, spec.call, key, list(zip(names, combo)), items, lineage, gates)
+                if lazy is not None:
+                    out.append(lazy)
+                    continue
+                for n, b in zip(names, combo):
+                    refs[n], extra = self.collections.computed(where, spec.call.label, b)
+                    lineage = _merge(lineage, extra)
+            kwargs = {n: TaskRef(k) for n, k in refs.items()}
+            key = self.task(spec, spec.call, inputs, (), kwargs)
             out.append(Branch(items, key, _merge(lineage, (key,)), gates))
         if not out:
             raise PipelineError(
@@ -290,6 +330,8 @@ class _Compiler:
 
     def _choose(self, spec: ChooseSpec) -> list[Branch]:
         inputs = self.branches(spec.input)
+        if any(b.lazy is not None for b in inputs):  # the metric is read off the value task
+            inputs = [self.collections.choose_input(describe(spec), b) for b in inputs]
         index = len(self.chooses)
         where = describe(spec)
         mkeys = []
@@ -303,6 +345,10 @@ class _Compiler:
             Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),))
             for i, b in enumerate(inputs)
         ]
+
+
+def _lazy_branch(items: tuple, key: str, lineage: tuple, gates: tuple, lazy: Any) -> Branch:
+    return Branch(items, key, lineage, gates, lazy=lazy)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
@@ -328,6 +374,10 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
     """Compile the exploration ending at ``spec`` into a :class:`CompiledPipeline`."""
     c = _Compiler()
     branches = c.branches(spec)
+    if any(b.lazy is not None for b in branches):  # outputs hold their partitions (graph/collections.py)
+        branches = [c.collections.with_value(b, hold=True) for b in branches]
+    if c._collections is not None:  # linear chains of partition tasks become one task each
+        branches = c.collections.fuse(c.metric_graph, branches, c.chooses)
     dependents = dependents_of(c.graph)
     return CompiledPipeline(
         graph=c.graph,

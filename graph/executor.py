@@ -146,7 +146,7 @@ class ExplorationDriver:
 
     def _event(self, item: Any) -> Any:
         """A Client callback's future (by name) as a state machine event."""
-        if not isinstance(item, str):
+        if not isinstance(item, (str, tuple)):  # a future's key (a Dask partition's is a tuple)
             return item  # already an event (Abort)
         fut = self.futures.get(item)
         if fut is None:
@@ -234,6 +234,7 @@ def execute(
     on_metric_error: str = "stop",
     on_driver: Callable[[ExplorationDriver], Any] | None = None,
     stall_timeout: float | None = None,
+    compute_value: bool = False,
 ) -> RunRecord:
     """Run ``compiled`` on ``client`` and return a :class:`RunRecord`.
 
@@ -251,6 +252,8 @@ def execute(
     called when the run ends.
     ``stall_timeout``: seconds without progress (workers paused or gone, the scheduler silent)
     before the run stops with a ``RunError`` (``graph.watchdog``; ``None``/0: never).
+    ``compute_value``: a kept value holding Dask collections is computed and gathered
+    (default: its partitioned collections are persisted on the cluster; graph/collections.py).
     """
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
@@ -306,6 +309,12 @@ def execute(
         ok = [(rows[j].branch.key, name) for j, name in names.items()]
         gathered = client.gather([driver.futures[name] for _, name in ok]) if ok else []
         values = {key: v for (key, _), v in zip(ok, gathered)}
+        lazy = [rows[j].branch for j in names if rows[j].branch.lazy is not None]
+        if lazy:  # collections: persisted from the partitions the run holds (docs/architecture.md §8)
+            from .collections import finish_value
+
+            for b in lazy:
+                values[b.key] = finish_value(client, b.lazy, compute_value)
         snap = snapshot()
         budget_stats = budgeted.stats(snap, compiled)
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)

@@ -52,19 +52,40 @@ RECOMPUTE_MARK = "~again"
 
 def step_name(key: str) -> str:
     """The step (function) name a task key was made from: ``"<name>-<token>"`` -> ``name``
-    (a recompute copy names its original's step)."""
-    return original_key(str(key)).rsplit("-", 1)[0]
+    (a recompute copy names its original's step; a Dask collection's partition key
+    ``("<layer>-<token>", i, ...)`` names its layer's operation).
+
+    >>> step_name(("fillna-3f2a9c", 4))
+    'fillna'
+    """
+    key = original_key(key)
+    if isinstance(key, tuple) and key and isinstance(key[0], str):
+        key = key[0]
+    return str(key).rsplit("-", 1)[0]
 
 
 def recompute_key(key: str, n: int) -> str:
-    """The distinct name under which a released result ``key`` is computed again (the ``n``-th copy)."""
+    """The distinct name under which a released result ``key`` is computed again (the ``n``-th copy);
+    a partition key keeps its shape: ``(name, i)`` -> ``(name~againN, i)``.
+
+    >>> recompute_key(("fillna-3f2a9c", 4), 1)
+    ('fillna-3f2a9c~again1', 4)
+    """
+    if isinstance(key, tuple) and key and isinstance(key[0], str):
+        return (f"{key[0]}{RECOMPUTE_MARK}{n}",) + key[1:]
     return f"{key}{RECOMPUTE_MARK}{n}"
 
 
 def original_key(name: str) -> str:
-    """The key a recompute copy stands for (``name`` itself when it is not a copy)."""
+    """The key a recompute copy stands for (``name`` itself when it is not a copy).
+
+    >>> original_key(("fillna-3f2a9c~again1", 4))
+    ('fillna-3f2a9c', 4)
+    """
     if isinstance(name, str) and RECOMPUTE_MARK in name:
         return name.split(RECOMPUTE_MARK, 1)[0]
+    if isinstance(name, tuple) and name and isinstance(name[0], str) and RECOMPUTE_MARK in name[0]:
+        return (name[0].split(RECOMPUTE_MARK, 1)[0],) + name[1:]
     return name
 
 

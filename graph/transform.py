@@ -102,6 +102,9 @@ def _transform(
 ) -> dict[str, Task]:
     out: dict[str, Task] = {}
     for key, task in graph.items():
+        if not isinstance(task, Task):  # a Dask collection's data or alias node: nothing to store or guard
+            out[key] = task
+            continue
         if store is not None and key in store:
             out[key] = Task(key, load_stored, store.file(key), key)
             loaded.add(key)
@@ -122,7 +125,7 @@ def prepare(compiled: CompiledPipeline, store: Any = None, run_id: str = "") -> 
     store = None if store is None else ResultStore(store)
     run_id = run_id or uuid.uuid4().hex[:12]
     naive, unique = compiled.naive_tasks, compiled.unique_tasks
-    needs_guard = any(not is_rerun_safe(t.func) for t in compiled.graph.values())
+    needs_guard = any(not is_rerun_safe(getattr(t, "func", None)) for t in compiled.graph.values())
     if store is None and not needs_guard:
         return PreparedRun(compiled, naive, unique, run_id=run_id)
     loaded: set[str] = set()

@@ -14,10 +14,11 @@ from graph.errors import PipelineError, RunError
 
 from .alternatives import grid
 from .builder import Node, Pipeline, combine
+from .collections import eager, lazy
 from .pruning import halving
 from .result import Result
 
-__all__ = ["Pipeline", "Node", "grid", "combine", "halving", "Result", "PipelineError", "RunError", "from_sklearn"]
+__all__ = ["Pipeline", "Node", "grid", "combine", "halving", "Result", "lazy", "eager", "PipelineError", "RunError", "from_sklearn"]
 
 
 def __getattr__(name: str):

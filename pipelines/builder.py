@@ -309,7 +309,9 @@ class Node:
         planning), ``order`` (``"depth-first"``, or ``"dask"`` for Dask's own ordering),
         ``on_metric_error`` (``"stop"``, the default: when the first branches at a choose cannot
         give their metric for the same reason, the run ends at once with a ``RunError``
-        naming it; ``"continue"``: run every branch anyway).
+        naming it; ``"continue"``: run every branch anyway), ``compute_value`` (a kept
+        value holding Dask collections is computed and gathered; default: persisted on
+        the cluster, which an embedded cluster keeps open until ``Result.close()``).
         """
         from .runner import run_node
 

@@ -30,6 +30,32 @@ class Result:
     compiled: Any = field(default=None, repr=False)
     #: the ``graph.memory.plan.MemoryPlan`` the run followed (runs with a ``memory_budget``)
     memory_plan: Any = field(default=None, repr=False)
+    #: the client a value holding persisted Dask collections lives on (``None`` otherwise)
+    client: Any = field(default=None, repr=False)
+    _close: Any = field(default=None, repr=False)
+
+    def compute_value(self) -> Any:
+        """``value`` with its Dask collections computed (pandas/numpy) and gathered here;
+        ``value`` itself when it holds none. Needs the cluster the run used (still open).
+
+        >>> Result(table=None, value=3, values=[3]).compute_value()
+        3
+        """
+        from graph.collections import compute_value
+
+        return compute_value(self.client, self.value)
+
+    def close(self) -> None:
+        """Release persisted collections and close the embedded cluster kept for them."""
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
+
+    def __enter__(self) -> "Result":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def chosen(self):

@@ -25,6 +25,7 @@ def run_node(
     disk_bandwidth: Any = None,
     on_metric_error: str = "stop",
     stall_timeout: float | None = None,
+    compute_value: bool = False,
 ) -> Result:
     import graph
     from graph.cluster import connect
@@ -77,14 +78,17 @@ def run_node(
             from graph.cluster import default_workers
 
             plan_memory(compiled, memory_budget, workers=workers or default_workers())
-    with connect(
-        client,
-        memory_budget=memory_budget if client is None else None,
-        n_workers=workers,
-        threads_per_worker=threads_per_worker,
-        memory_limit=memory_limit,
-        quiet=quiet,
-    ) as c:
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        c = stack.enter_context(connect(
+            client,
+            memory_budget=memory_budget if client is None else None,
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            memory_limit=memory_limit,
+            quiet=quiet,
+        ))
         try:
             record = execute(
                 compiled,
@@ -98,11 +102,16 @@ def run_node(
                 disk_bandwidth=disk_bandwidth,
                 stall_timeout=stall_timeout,
                 on_metric_error=on_metric_error,
+                compute_value=compute_value,
             )
         except graph.RunError as exc:
             exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
             restore_table(exc.table, compiled)
             raise
+        # persisted Dask collections live on the cluster: an embedded one stays open for them
+        # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
+        distributed = any(b.lazy is not None for b in compiled.branches) and not compute_value
+        close = stack.pop_all().close if distributed else None
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None
@@ -115,4 +124,6 @@ def run_node(
         stats=record.stats,
         compiled=compiled,
         memory_plan=record.memory_plan,
+        client=c if distributed else None,
+        _close=close,
     )

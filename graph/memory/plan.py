@@ -227,7 +227,7 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
                 order.append(k)
                 continue
             stack.append((k, True))
-            for d in sorted(deps(k), reverse=True):
+            for d in sorted(deps(k), key=str, reverse=True):  # keys: str, or tuples (partitions)
                 if d not in seen:
                     stack.append((d, False))
 

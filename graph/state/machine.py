@@ -170,6 +170,8 @@ class ExplorationState:
             else:
                 self.output_tips.append(tip)
                 self.out_hold[t.branch.key] += 1
+                for k in t.branch.parts:  # a collection's partitions, held for the user (§8)
+                    self.out_hold[k] += 1
                 for g in t.branch.gates:
                     self.outputs_by_gate[g].append(t.index)
         # the dependents of every key, metric reads included (one owner: graph.compiler.dependents_of)
@@ -339,7 +341,7 @@ class ExplorationState:
         unfinished = [n for n in self.held if self.alias.get(n, n) not in self.finished]
         if unfinished:
             self.held.difference_update(unfinished)
-            self._out.append(Cancel(tuple(sorted(unfinished))))
+            self._out.append(Cancel(tuple(sorted(unfinished, key=str))))
         self._dirty_outputs.update(range(len(self.output_tips)))
         self._publish()
         self._out.append(Fail(reason))
@@ -374,6 +376,9 @@ class ExplorationState:
         k = tip.t.branch.key
         if tip.t.kind == "output":
             self.out_hold[k] -= 1
+            for p in tip.t.branch.parts:
+                self.out_hold[p] -= 1
+            self._candidates.update(tip.t.branch.parts)
         else:
             self.choose_hold[k] -= 1
         self._candidates.add(k)
@@ -645,9 +650,9 @@ class ExplorationState:
                 self.let_go.add(key)
         self._candidates.clear()
         if cancel:  # first: what they would have read is released just after
-            self._out.append(Cancel(tuple(sorted(cancel))))
+            self._out.append(Cancel(tuple(sorted(cancel, key=str))))
         if release:
-            self._out.append(Release(tuple(sorted(release))))
+            self._out.append(Release(tuple(sorted(release, key=str))))
 
     # ---- views ----------------------------------------------------------------------------------
     def _task(self, key: str) -> Any:

@@ -1,0 +1,226 @@
+"""Dask collections as step values (docs/architecture.md §8): compile-time rules without a
+cluster, then real runs on LocalClusters of worker processes over real Parquet files."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from graph import PipelineError
+from graph.collections import CollectionWarning, Partitioned
+from graph.state import Cancel, ExplorationState, MetricRead, Release, Start, Submit, TaskFinished
+from pipelines import Pipeline, eager, grid
+from tests import collection_steps as cs
+
+METHODS = ("drop", "zero", "mean")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return cs.write_table(tmp_path_factory.mktemp("table"), parts=4, rows=2000)
+
+
+def exploration(files, log="", k=None, threshold=None, pause=0.0, backend="pandas"):
+    src = Pipeline("coll").source(cs.table, files=files, log=log, backend=backend)
+    cleaned = src.explore("clean", *[grid(cs.clean, method=[m], log=[log], pause=[pause]) for m in METHODS])
+    feats = cleaned.explore("features", grid(cs.select, cols=[("x1", "x2"), ("x1", "x2", "x3")]))
+    scored = feats.explore("model", grid(cs.score, w=[0.5, 1.0]))
+    return scored.choose("mse", mode="min", k=k, threshold=threshold)
+
+
+# ---- compiling (client side, nothing runs) ----------------------------------------------------------
+def test_collection_graphs_join_the_exploration_partition_by_partition(files):
+    c = exploration(files).compile()
+    reads = set(cs.table.__wrapped__(files).__dask_keys__())  # the source's partitions
+    assert reads <= set(c.graph) and len(reads) == 4  # one task per file, shared by all 12 branches
+    assert c.unique_tasks < c.naive_tasks  # partitions counted, shared ones once
+    for cp in c.chooses:
+        for b in cp.inputs:
+            assert sum(k in reads for k in b.lineage) == 4  # every branch lists the partitions it needs
+    # deterministic: compiling again gives the same keys (Dask's tokens, Quiver's step keys)
+    assert set(exploration(files).compile().graph) == set(c.graph)
+
+
+def test_the_memory_plan_sees_partitions_and_per_partition_hints(files):
+    import graph
+
+    node = Pipeline("plan").source(cs.table, files=files).size_hint("3 MiB").explore(
+        "clean", *[grid(cs.clean, method=[m]) for m in METHODS]).explore("model", grid(cs.score, w=[1.0]))
+    c = node.choose("mse", mode="min").compile()
+    reads = cs.table.__wrapped__(files).__dask_keys__()  # the source's output partitions
+    assert len(reads) == 4 and all(c.size_hints[k] == 3 * 2**20 for k in reads)  # node.size_hint: per partition
+    plan = graph.plan_memory(c, "1 GiB", workers=2, baseline=200 * 2**20)
+    assert {k for k in plan.order if isinstance(k, tuple)} >= set(reads)  # the plan walks partition tasks
+    assert plan.decisions[reads[0]].source == "hint" and plan.fits
+    # a branch's value task (scalars, partition records) is planned as small, not as the 1 MiB default
+    value = c.chooses[0].inputs[0].key
+    assert plan.decisions[value].nbytes <= 1024
+
+
+def test_a_bad_column_is_a_pipeline_error_naming_the_node_before_anything_runs(files, tmp_path):
+    node = Pipeline("bad").source(cs.table, files=files, log=str(tmp_path)).then(cs.wrong_column)
+    with pytest.raises(PipelineError, match=r"pipeline 'bad', then\(wrong_column\).*no_such_column"):
+        node.compile()
+    with pytest.raises(PipelineError, match="then\\(wrong_column\\)"):
+        node.run(workers=1, quiet=True, progress=False)  # refused before a cluster starts
+    assert os.listdir(tmp_path) == []  # nothing was read
+
+
+def test_steps_that_compute_are_plain_steps_and_say_so(files):
+    src = Pipeline("plain").source(cs.table, files=files)
+    with pytest.warns(CollectionWarning, match="4 partitions"):
+        c = src.then(cs.n_rows).compile()
+    (b,) = c.branches
+    assert b.lazy is None and b.key in c.graph  # a plain task, reading the computed table
+    with pytest.warns(CollectionWarning):
+        c2 = src.then(eager(cs.select), cols=("x1",)).compile()  # eager: plain without a trial
+    assert c2.branches[0].lazy is None
+
+
+def test_a_choose_directly_on_a_collection_asks_for_a_reduction(files):
+    node = Pipeline("ch").source(cs.table, files=files).explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
+    with pytest.raises(PipelineError, match=r"choose\('mse'\).*dict of Dask scalars"):
+        node.choose("mse").compile()
+
+
+def test_a_lazy_marked_step_on_a_plain_value_is_refused(files):
+    from pipelines import lazy
+
+    def load():
+        return 1
+
+    with pytest.raises(PipelineError, match="marked lazy.*plain value"):
+        Pipeline("mix").source(load).then(lazy(cs.select), cols=("x1",)).compile()
+
+
+def test_first_k_above_threshold_cancels_partition_tasks_and_drops_release_them(files):
+    c = exploration(files, k=1, threshold=1e9).compile()  # the first branch to finish meets it
+    s = ExplorationState(c)
+    (sub,) = [i for i in s.handle(Start()) if isinstance(i, Submit)]
+    first = c.chooses[0].inputs[0]
+    for k in first.lineage:
+        s.handle(TaskFinished(k))
+    mk = c.chooses[0].metric_keys[0]
+    s.handle(TaskFinished(mk))
+    out = s.handle(MetricRead(mk, 1.0, {}))
+    cancelled = {n for i in out if isinstance(i, Cancel) for n in i.names}
+    released = {n for i in out if isinstance(i, Release) for n in i.names}
+    mine = set(first.lineage)
+    others = {k for b in c.chooses[0].inputs[1:] for k in b.lineage} - mine
+    assert {k for k in others if isinstance(k, tuple)} <= cancelled  # unfinished partitions of the rest
+    assert not cancelled & mine
+    # the kept branch's partitions are released once nothing needs them (its metric is in)
+    assert any(isinstance(k, tuple) for k in released)
+
+
+# ---- running ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_shared_partitions_run_once_and_match_plain_dask(files, client, tmp_path):
+    import dask
+
+    log = str(tmp_path)
+    r = exploration(files, log=log).run(client, quiet=True, progress=False)
+    marks = os.listdir(log)
+    # each file read once, each cleaning of each partition once, for 12 branches
+    assert sum(m.startswith("read-") for m in marks) == 4
+    for m in METHODS:
+        assert sum(m2.startswith(f"clean-{m}-") for m2 in marks) == 4
+    s = r.stats
+    assert s["executed_tasks"] == s["unique_tasks"] < s["naive_tasks"]
+    assert (r.table["status"] == "ok").all() and r.table["chosen"].sum() == 1
+    # the same numbers as each branch's collection pipeline computed by plain Dask
+    for _, row in r.table.iterrows():
+        df = cs.clean(cs.table.__wrapped__(files), row["clean.method"])
+        out = cs.score(cs.select(df, row["features.cols"]), row["model.w"])
+        (mse,) = dask.compute(out["mse"], scheduler="sync")
+        assert row["mse"] == pytest.approx(mse, rel=1e-12)
+    best = r.table.loc[r.table["mse"].idxmin()]
+    assert r.chosen.index[0] == best.name
+    assert r.value["mse"] == pytest.approx(best["mse"])
+
+
+def test_a_kept_collection_stays_distributed(files, client):
+    node = Pipeline("keep").source(cs.table, files=files).explore(
+        "clean", *[grid(cs.clean, method=[m]) for m in ("drop", "zero")])
+    r = node.run(client, quiet=True, progress=False)
+    drop, zero = r.value
+    assert type(drop).__name__ == "DataFrame" and drop.npartitions == 4
+    futures = [v for v in dict(drop.__dask_graph__()).values()]
+    assert futures and all(type(f).__name__ in ("Future", "DataNode", "Alias") or hasattr(f, "key") for f in futures)
+    assert r.stats["executed_tasks"] == r.stats["unique_tasks"]  # persisting ran nothing again
+    local = cs.clean(cs.table.__wrapped__(files), "zero").compute(scheduler="sync")
+    got = r.compute_value()[1]
+    assert got.reset_index(drop=True).equals(local.reset_index(drop=True))
+    assert r.table["status"].eq("ok").all()
+
+
+COLS = ["clean.method", "features.cols", "model.w", "mse", "rows", "status", "chosen"]
+
+
+def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files):
+    import signal
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        reference = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
+        pids = c.run(os.getpid)
+        victim = pids[sorted(pids)[1]]
+        timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))  # 12 cleanings of 0.3 s on 2 workers
+        timer.start()
+        try:
+            result = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
+        finally:
+            timer.cancel()
+    assert result.table[COLS].equals(reference.table[COLS])
+    assert result.value == reference.value
+    # Dask recomputed the partitions the dead worker held (the scheduler's count shows it)
+    assert result.stats["executed_tasks"] > reference.stats["executed_tasks"]
+
+
+def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_limit(tmp_path):
+    MiB = 2**20
+    budget = 1024 * MiB  # two workers of 512 MiB; an idle worker with pandas and pyarrow takes ~270 MiB
+    files = cs.write_table(tmp_path / "big", parts=12, rows=150_000)  # 12 partitions of ~6 MiB
+    node = (Pipeline("budget").source(cs.table, files=files)
+            .explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
+            .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))
+    r = node.run(workers=2, memory_budget=budget, quiet=True, progress=False)
+    s = r.stats
+    plan = r.memory_plan
+    # the partitions it computed total several times what results may hold (the budget less the
+    # workers' idle memory, ~270 MiB each with pandas and pyarrow: a CI-sized table cannot exceed
+    # the whole budget within seconds; the benchmark and example do, at scale)
+    assert s["measured_result_bytes"] > 3 * plan.worker_data_budget * plan.workers
+    assert s["spilled_bytes"] > 0 and s["read_back_bytes"] > 0  # the workers' own spill counters
+    assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2  # never near the nanny's kill line
+    assert (r.table["status"] == "ok").all()
+    assert r.chosen.index[0] == r.table["mse"].idxmin()
+    parts = [d for d in plan.decisions.values() if isinstance(d.key, tuple)]
+    assert parts and all(d.source == "measured" for d in parts)  # the plan sized each partition
+
+
+@pytest.mark.gpu
+def test_the_same_exploration_on_dask_cudf(files, tmp_path):
+    cudf = pytest.importorskip("cudf", reason="cudf/dask-cudf not installed (pip install 'quiver[cudf]')")
+    pytest.importorskip("dask_cudf")
+    try:
+        cudf.Series([1]).sum()
+    except Exception as exc:  # installed, but no usable GPU
+        pytest.skip(f"no usable GPU: {exc}")
+    gpu = exploration(files, backend="cudf").run(workers=1, quiet=True, progress=False)
+    cpu = exploration(files).run(workers=1, quiet=True, progress=False)
+    assert gpu.table["mse"].to_numpy() == pytest.approx(cpu.table["mse"].to_numpy(), rel=1e-9)
+    assert gpu.chosen.index.equals(cpu.chosen.index)

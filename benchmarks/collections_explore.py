@@ -147,7 +147,7 @@ def cluster(cfg):
 # ---------------------------------------------------------------- methods
 
 def run_quiver(ex, cfg, client):
-    node = ex.exploration(cfg["path"], alphas=cfg["alphas"])
+    node = ex.exploration(cfg["path"], alphas=cfg["alphas"], kinds=cfg["kinds"])
     budget = cfg["workers"] * cfg["worker_memory"]
     with Measured(client) as m:
         r = node.run(client, memory_budget=budget, progress=False, quiet=True)
@@ -166,7 +166,7 @@ def run_quiver(ex, cfg, client):
 def run_per_branch(ex, cfg, client):
     import dask
 
-    configs = ex.branch_configs(cfg["alphas"])
+    configs = ex.branch_configs(cfg["alphas"], cfg["kinds"])
     scores = {}
     with Measured(client) as m:
         for c in configs:
@@ -178,7 +178,7 @@ def run_per_branch(ex, cfg, client):
 def run_one_compute(ex, cfg, client):
     import dask
 
-    configs = ex.branch_configs(cfg["alphas"])
+    configs = ex.branch_configs(cfg["alphas"], cfg["kinds"])
     with Measured(client) as m:
         values = dask.compute(*[ex.branch_metric(cfg["path"], c) for c in configs])
     return {c: float(v) for c, v in zip(configs, values)}, m.result
@@ -201,10 +201,19 @@ def _features_array(X, kind):
     return ex.feature_frame(frame, kind).drop(columns=["y", "is_val"]).to_numpy(dtype=float)
 
 
+def _read_arrays(path, columns):
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    return frame[list(columns)].to_numpy(dtype=float), frame["y"].to_numpy(dtype=float), frame["is_val"].to_numpy()
+
+
 def run_dask_ml(ex, cfg, client):
     """dask-ml GridSearchCV over the imputation x features x alpha part of the grid."""
-    import dask.dataframe as dd
+    import dask
+    import dask.array as da
     import pandas as pd
+    import pyarrow.parquet as pq
     from dask_ml.model_selection import GridSearchCV
     from sklearn.linear_model import Ridge
     from sklearn.model_selection import PredefinedSplit
@@ -215,14 +224,19 @@ def run_dask_ml(ex, cfg, client):
     stats = {how: {ex.X_COLUMNS.index(c): v for c, v in ex.column_stats(first, how).items()}
              for how in ("mean", "median")}
     imputers = [FunctionTransformer(_fill_array, kw_args={"values": stats[h]}) for h in ("mean", "median")]
-    featurizers = [FunctionTransformer(_features_array, kw_args={"kind": k}) for k in ex.KINDS]
+    featurizers = [FunctionTransformer(_features_array, kw_args={"kind": k}) for k in cfg["kinds"]]
     pipe = Pipeline([("impute", imputers[0]), ("features", featurizers[0]), ("ridge", Ridge())])
     grid = {"impute": imputers, "features": featurizers, "ridge__alpha": [float(a) for a in cfg["alphas"]]}
     with Measured(client) as m:
-        df = dd.read_parquet(cfg["path"])
-        is_val = df["is_val"].to_dask_array(lengths=True)
-        X = df[ex.X_COLUMNS].to_dask_array(lengths=True)
-        y = df["y"].to_dask_array(lengths=True)
+        # X, y and the validation flag as dask arrays of one chunk per Parquet file (row counts
+        # from the files' metadata): the same partitions the other methods read
+        files = sorted(Path(cfg["path"]).glob("*.parquet"))
+        rows = [pq.ParquetFile(f).metadata.num_rows for f in files]
+        read = dask.delayed(_read_arrays, pure=True)
+        parts = [read(str(f), tuple(ex.X_COLUMNS)) for f in files]
+        X = da.concatenate([da.from_delayed(p[0], (n, len(ex.X_COLUMNS)), dtype=float) for p, n in zip(parts, rows)])
+        y = da.concatenate([da.from_delayed(p[1], (n,), dtype=float) for p, n in zip(parts, rows)])
+        is_val = da.concatenate([da.from_delayed(p[2], (n,), dtype=bool) for p, n in zip(parts, rows)])
         fold = np.where(is_val.compute(), 0, -1)  # the validation rows are the one test fold
         search = GridSearchCV(pipe, grid, cv=PredefinedSplit(fold), refit=False, error_score="raise",
                               return_train_score=False, scoring="neg_mean_squared_error", scheduler=client)
@@ -231,7 +245,7 @@ def run_dask_ml(ex, cfg, client):
     scores = {}
     for params, score in zip(res["params"], res["mean_test_score"]):
         how = ("mean", "median")[imputers.index(params["impute"])]
-        kind = ex.KINDS[featurizers.index(params["features"])]
+        kind = cfg["kinds"][featurizers.index(params["features"])]
         scores[(("impute", how), kind, float(params["ridge__alpha"]))] = -float(score)
     return scores, m.result
 
@@ -244,13 +258,17 @@ RUNNERS = {"quiver": run_quiver, "per_branch": run_per_branch, "one_compute": ru
 
 def config(args) -> dict:
     ex = load_example()
-    rows = args.rows or (60_000 if args.quick else 2_000_000)
-    alphas = [float(a) for a in (args.alphas.split(",") if args.alphas else ex.ALPHAS)]
+    rows = args.rows or (40_000 if args.quick else 2_000_000)
+    quick = {"alphas": "0.1,100", "kinds": "linear,squares"} if args.quick else {}
+    alphas = [float(a) for a in (args.alphas or quick.get("alphas") or ",".join(map(str, ex.ALPHAS))).split(",")]
+    kinds = [k.strip() for k in (args.kinds or quick.get("kinds") or ",".join(ex.KINDS)).split(",")]
+    for k in kinds:
+        ex.feature_columns(k)  # an unknown feature set is refused here, naming the valid ones
     worker_memory = int(args.worker_memory)
     data = Path(args.data) if args.data else Path(tempfile.gettempdir()) / f"quiver-big-table-{rows}-{args.rows_per_file}"
-    return {"rows": rows, "rows_per_file": args.rows_per_file, "alphas": alphas, "workers": 2,
+    return {"rows": rows, "rows_per_file": args.rows_per_file, "alphas": alphas, "kinds": kinds, "workers": 2,
             "worker_memory": worker_memory, "path": str(data), "table_bytes": ex.table_bytes(rows),
-            "branches": len(ex.branch_configs(alphas))}
+            "branches": len(ex.branch_configs(alphas, kinds))}
 
 
 def versions() -> dict:
@@ -279,9 +297,11 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: a tiny table, 1 repeat")
-    ap.add_argument("--rows", type=int, default=None, help="table rows (default 2,000,000; --quick 60,000)")
+    ap.add_argument("--rows", type=int, default=None, help="table rows (default 2,000,000; --quick 40,000)")
     ap.add_argument("--rows-per-file", type=int, default=None, help="rows per Parquet file = partition")
     ap.add_argument("--alphas", default=None, help="comma-separated ridge alphas (default the example's 3)")
+    ap.add_argument("--kinds", default=None, help="comma-separated feature sets (default the example's 3; --quick 2)")
+    ap.add_argument("--repeats-b", type=int, default=None, help="runs of (b), the slowest (default --repeats)")
     ap.add_argument("--worker-memory", type=parse_bytes, default=None, help="each worker's memory limit (512 MiB)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per method (default 3; --quick 1)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
@@ -289,8 +309,11 @@ def main(argv=None) -> int:
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
     args.rows_per_file = args.rows_per_file or (10_000 if args.quick else 125_000)
+    if args.rows_per_file < 1 or (args.rows is not None and args.rows < 1):
+        ap.error("--rows and --rows-per-file must be >= 1")
     args.worker_memory = args.worker_memory or 512 * MiB
     repeats = args.repeats or (1 if args.quick else 3)
+    repeats_b = min(repeats, args.repeats_b or repeats)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -310,7 +333,7 @@ def main(argv=None) -> int:
           f"{format_bytes(cfg['table_bytes'])} in memory = {ratio:.1f}x one worker's {format_bytes(cfg['worker_memory'])}, "
           f"{len(files)} Parquet partitions, {format_bytes(sum(f.stat().st_size for f in files))} on disk; written/checked in "
           f"{time.perf_counter() - t0:.1f}s); {cfg['branches']} branches; 2 workers x 1 thread; budget "
-          f"{format_bytes(budget)}; {repeats} repeat(s); nproc={nproc}, load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"{format_bytes(budget)}; {repeats} repeat(s) ((b): {repeats_b}); nproc={nproc}, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     # (d) computes the training split into one worker: run it only where that can fit
     fits_one_worker = 3 * cfg["table_bytes"] < cfg["worker_memory"] - 200 * MiB
@@ -320,7 +343,7 @@ def main(argv=None) -> int:
     for rep in range(repeats):
         order = methods if rep % 2 == 0 else methods[::-1]  # interleaved, reversed every other repeat
         for method in order:
-            if method in errors:
+            if method in errors or (method == "per_branch" and rep >= repeats_b):
                 continue
             if method == "dask_ml" and not fits_one_worker:
                 errors[method] = (f"not run: dask-ml computes each split onto one worker; the table "
@@ -420,7 +443,7 @@ def main(argv=None) -> int:
           f"(a machine shared with other jobs skews every wall time)")
 
     record = {
-        "benchmark": "collections_explore", "quick": args.quick, "config": cfg, "repeats": repeats,
+        "benchmark": "collections_explore", "quick": args.quick, "config": cfg, "repeats": repeats, "repeats_b": repeats_b,
         "versions": versions(), "nproc": nproc, "loadavg_before": list(load_before), "loadavg_after": list(load_after),
         "methods": {m: {"label": METHODS[m], "runs": runs.get(m, []), "error": errors.get(m),
                         "median_wall_s": med(m, "wall_s")} for m in methods},

@@ -225,10 +225,10 @@ def fit_ridge(feats, alpha: float) -> dict:
 
 def exploration(path, alphas=ALPHAS, kinds=KINDS):
     """The pipeline: read -> cleaning -> features -> model, best validation MSE kept."""
-    from pipelines import Pipeline, grid
+    from pipelines import Pipeline, grid, lazy
 
     p = Pipeline("big-table")
-    table = p.source(read_table, path=str(path))
+    table = p.source(lazy(read_table), path=str(path))  # lazy: a collection source, called at compile time
     clean = table.explore("cleaning", drop_missing, grid(impute, how=["mean", "median"]))
     feats = clean.explore("features", grid(make_features, kind=list(kinds)))
     model = feats.explore("model", grid(fit_ridge, alpha=[float(a) for a in alphas]))
@@ -257,6 +257,27 @@ def parse_size(text: str) -> int:
     return int(parse_bytes(text))
 
 
+def report(result, *, rows: int, budget: int, data: Path) -> None:
+    """Print the table (best first), the chosen branch and the run's partition and memory stats."""
+    table = result.table
+    shown = table.drop(columns=[c for c in ("traceback", "error", "failed_step") if c in table.columns])
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(shown.sort_values("val_mse").to_string())
+    row = result.chosen.iloc[0]
+    how = f"({row['cleaning.how']})" if row["cleaning"] == "impute" else ""
+    value = result.value  # the kept branch's value: its Dask scalars computed (collections would stay persisted)
+    print(f"\nchosen: cleaning={row['cleaning']}{how} features={row['features.kind']} "
+          f"alpha={row['model.alpha']:g}: validation MSE {row['val_mse']:.5f}, training MSE {value['train_mse']:.5f}")
+    s = result.stats
+    files = list(Path(data).glob("*.parquet"))
+    print(f"table: {table_bytes(rows) / 2**20:,.0f} MiB in memory "
+          f"({sum(f.stat().st_size for f in files) / 2**20:,.0f} MiB of Parquet, {len(files)} partitions)")
+    print(f"partition tasks: {s['executed_tasks']} executed, {s['unique_tasks']} unique, "
+          f"{s['naive_tasks']} naive (one job per branch would run these)")
+    print(f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB (sum of workers) vs budget "
+          f"{budget / 2**20:,.0f} MiB; spilled {s['spilled_bytes'] / 2**20:,.0f} MiB; {s['wall_seconds']:.1f}s")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=None,
@@ -281,23 +302,8 @@ def main(argv=None) -> int:
     alphas = [float(a) for a in args.alphas.split(",")]
 
     best = exploration(data, alphas=alphas)
-    result = best.run(workers=args.workers, memory_budget=budget, progress=False)
-
-    table = result.table
-    shown = table.drop(columns=[c for c in ("traceback", "error", "failed_step") if c in table.columns])
-    print(shown.sort_values("val_mse").to_string())
-    row = result.chosen.iloc[0]
-    how = f"({row['cleaning.how']})" if row["cleaning"] == "impute" else ""
-    value = result.compute_value() if hasattr(result, "compute_value") else result.value
-    print(f"\nchosen: cleaning={row['cleaning']}{how} features={row['features.kind']} "
-          f"alpha={row['model.alpha']:g} validation MSE={row['val_mse']:.5f} train MSE={value['train_mse']:.5f}")
-    s = result.stats
-    print(f"table: {table_bytes(rows) / 2**20:,.0f} MiB in memory ({on_disk / 2**20:,.0f} MiB of Parquet), "
-          f"{len(list(data.glob('*.parquet')))} partitions")
-    print(f"partition tasks: {s['executed_tasks']} executed, {s['unique_tasks']} unique, "
-          f"{s['naive_tasks']} naive (one job per branch)")
-    print(f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB (sum of workers) vs budget "
-          f"{budget / 2**20:,.0f} MiB; spilled {s['spilled_bytes'] / 2**20:,.0f} MiB; {s['wall_seconds']:.1f}s")
+    with best.run(workers=args.workers, memory_budget=budget, progress=False) as result:
+        report(result, rows=rows, budget=budget, data=data)
     return 0
 
 

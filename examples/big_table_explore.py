@@ -284,6 +284,7 @@ def main(argv=None) -> int:
                     help="table rows (default: 7,000,000 = ~680 MiB; --full: 110,000,000 = ~10.7 GiB)")
     ap.add_argument("--full", action="store_true", help="a table of >= 10 GiB (10x and more of one worker)")
     ap.add_argument("--data", default=None, help="directory for the Parquet table (default: a temp-dir cache)")
+    ap.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE, help="rows per Parquet file (= partition)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget", default="1 GiB", help="memory budget, the total for all workers")
     ap.add_argument("--alphas", default=",".join(str(a) for a in ALPHAS))
@@ -293,12 +294,13 @@ def main(argv=None) -> int:
 
     rows = args.rows or (110_000_000 if args.full else 7_000_000)
     budget = parse_size(args.budget)
-    data = Path(args.data) if args.data else Path(tempfile.gettempdir()) / f"quiver-big-table-{rows}"
+    if rows < 1 or args.rows_per_file < 1 or args.workers < 1:
+        ap.error("--rows, --rows-per-file and --workers must be >= 1")
+    data = Path(args.data) if args.data else Path(tempfile.gettempdir()) / f"quiver-big-table-{rows}-{args.rows_per_file}"
     per_worker = budget // args.workers
     print(f"writing {rows:,} rows ({table_bytes(rows) / 2**20:,.0f} MiB in memory, "
           f"{table_bytes(rows) / per_worker:.1f}x one worker's {per_worker / 2**20:.0f} MiB) to {data} ...", flush=True)
-    write_table(data, rows)
-    on_disk = sum(f.stat().st_size for f in data.glob("*.parquet"))
+    write_table(data, rows, rows_per_file=args.rows_per_file)
     alphas = [float(a) for a in args.alphas.split(",")]
 
     best = exploration(data, alphas=alphas)

@@ -224,3 +224,12 @@ def test_the_same_exploration_on_dask_cudf(files, tmp_path):
     cpu = exploration(files).run(workers=1, quiet=True, progress=False)
     assert gpu.table["mse"].to_numpy() == pytest.approx(cpu.table["mse"].to_numpy(), rel=1e-9)
     assert gpu.chosen.index.equals(cpu.chosen.index)
+
+
+def test_an_embedded_cluster_stays_open_for_a_persisted_value_until_closed(files):
+    node = Pipeline("emb").source(cs.table, files=files).then(cs.clean, method="zero")
+    with node.run(workers=1, quiet=True, progress=False) as r:
+        assert r.value.npartitions == 4 and r.client.status == "running"
+        local = cs.clean(cs.table.__wrapped__(files), "zero").compute(scheduler="sync")
+        assert r.compute_value().reset_index(drop=True).equals(local.reset_index(drop=True))
+    assert r.client.status == "closed"  # with-block (or r.close()) closed the embedded cluster

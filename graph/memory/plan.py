@@ -344,8 +344,15 @@ def plan_memory(
         i = bisect.bisect_right(u, t)
         return u[i] if i < len(u) else None
 
-    def alive(key: str, t: float) -> bool:
-        return next_use(key, t) is not None or hold.get(key, -1.0) > t
+    # a result is alive while a later task reads it or a choose may still want it: until its
+    # death (its last use, or the end of its hold); the loop releases it at the first step past
+    # that, from a bucket per step, so a step costs what it releases, not a scan of the resident
+    death = {k: max(float(uses[k][-1]) if uses[k] else -1.0, hold.get(k, -1.0)) for k in order}
+    due: dict[int, list[str]] = {}
+
+    def resident_from(key: str, t: int) -> None:
+        """``key`` became resident at step ``t``: check it again when it dies."""
+        due.setdefault(max(t, math.ceil(death[key])), []).append(key)
 
     # Each worker is modelled as running the whole order with its own share: shared inputs are
     # copied to every worker that reads them, so this is what one worker can be asked to hold.
@@ -389,6 +396,7 @@ def plan_memory(
             else:
                 tally["recomputed"] += 1
             resident[k] = size[k]
+            resident_from(k, t)
             tally["total"] += size[k]
             tally["peak"] = max(tally["peak"], tally["total"])
 
@@ -447,13 +455,14 @@ def plan_memory(
                 bring(d, t)
         make_room(size[k], set(inputs), t)
         resident[k] = size[k]
+        resident_from(k, t)
         tally["total"] += size[k]
         tally["peak"] = max(tally["peak"], tally["total"])
-        for r in list(resident):  # release what nothing reads or holds any more
-            if not alive(r, t):
-                tally["total"] -= resident.pop(r)
-        for r in [r for r in on_disk if not alive(r, t)]:
-            on_disk.discard(r)
+        for r in due.pop(t, ()):  # release what nothing reads or holds any more
+            if death[r] <= t:
+                if r in resident:
+                    tally["total"] -= resident.pop(r)
+                on_disk.discard(r)
 
     decisions = {
         k: Decision(k, size[k], est.source(k), action.get(k, KEEP), tuple(uses[k]), evicted_at.get(k))

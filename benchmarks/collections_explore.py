@@ -1,6 +1,6 @@
 """Benchmark: an exploration over a Parquet table bigger than a worker, as Dask collections.
 
-    python benchmarks/collections_explore.py              # ~2,000,000 rows, 3 repeats (a few minutes)
+    python benchmarks/collections_explore.py              # 1,000,000 rows, 3 repeats
     python benchmarks/collections_explore.py --quick      # smoke test: tiny table, 1 repeat
     python benchmarks/collections_explore.py --rows 7000000 --repeats 3
 
@@ -258,7 +258,7 @@ RUNNERS = {"quiver": run_quiver, "per_branch": run_per_branch, "one_compute": ru
 
 def config(args) -> dict:
     ex = load_example()
-    rows = args.rows or (40_000 if args.quick else 2_000_000)
+    rows = args.rows or (40_000 if args.quick else 1_000_000)
     quick = {"alphas": "0.1,100", "kinds": "linear,squares"} if args.quick else {}
     alphas = [float(a) for a in (args.alphas or quick.get("alphas") or ",".join(map(str, ex.ALPHAS))).split(",")]
     kinds = [k.strip() for k in (args.kinds or quick.get("kinds") or ",".join(ex.KINDS)).split(",")]
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: a tiny table, 1 repeat")
-    ap.add_argument("--rows", type=int, default=None, help="table rows (default 2,000,000; --quick 40,000)")
+    ap.add_argument("--rows", type=int, default=None, help="table rows (default 1,000,000; --quick 40,000)")
     ap.add_argument("--rows-per-file", type=int, default=None, help="rows per Parquet file = partition")
     ap.add_argument("--alphas", default=None, help="comma-separated ridge alphas (default the example's 3)")
     ap.add_argument("--kinds", default=None, help="comma-separated feature sets (default the example's 3; --quick 2)")

@@ -336,7 +336,10 @@ def main(argv=None) -> int:
           f"{format_bytes(budget)}; {repeats} repeat(s) ((b): {repeats_b}); nproc={nproc}, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     # (d) computes the training split into one worker: run it only where that can fit
-    fits_one_worker = 3 * cfg["table_bytes"] < cfg["worker_memory"] - 200 * MiB
+    # (it holds the table's arrays and the fold's copies: 4x the table on one worker, which must
+    # stay under Dask's pause threshold, 80% of its limit, beside an idle worker's ~350 MiB;
+    # measured: at 1,000,000 rows (100 MiB) both 512 MiB workers paused and the search hung)
+    fits_one_worker = 4 * cfg["table_bytes"] + 350 * MiB < 0.8 * cfg["worker_memory"]
     runs = {m: [] for m in methods}
     scores, errors = {}, {}
     load_before = os.getloadavg()

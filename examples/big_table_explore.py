@@ -214,7 +214,9 @@ def fit_ridge(feats, alpha: float) -> dict:
 
     names = [c for c in feats.columns if c not in ("y", "is_val")]
     meta = pd.DataFrame(columns=_sum_names(len(names) + 1), dtype=float)
-    sums = feats.map_partitions(partition_sums, meta=meta).sum()
+    # a tree of fan-in 8: with many partitions, one combine over all of them would need every
+    # chunk on one worker at once (and the memory plan, before sizes are measured, assumes 1 MiB each)
+    sums = feats.map_partitions(partition_sums, meta=meta).sum(split_every=8)
     fitted = dask.delayed(ridge_solution, pure=True)(sums, float(alpha), names)
     return {"val_mse": fitted["val_mse"], "train_mse": fitted["train_mse"], "coef": fitted["coef"]}
 

@@ -19,9 +19,11 @@ tried is a ``PipelineError`` naming the node, raised before anything runs.
 deterministic keys, not optimised per branch: fusing or projecting one branch's
 graph would rename partitions other branches share) becomes part of the
 exploration's graph, partition by partition, so a partition that several branches
-reach (the same file read, the same cleaning) is one task.  A branch's ``lineage``
-lists its partition tasks, so ``naive_tasks``/``unique_tasks``/``executed_tasks``
-count partitions.
+reach (the same file read, the same cleaning) is one task.  Then a task only one
+task reads, for the same partition, is fused into that reader (``Task.fuse``,
+:meth:`CollectionSteps.fuse`), so what is shared stays shared.  A branch's
+``lineage`` lists its partition tasks, so ``naive_tasks``/``unique_tasks``/
+``executed_tasks`` count partitions.
 
 **Values.** The branch's key names its *value task*, added when something reads it:
 scalars (a Dask scalar, a 0-d array, ``Delayed``) are computed in it, and each
@@ -217,18 +219,58 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
 
 
 # ---- graphs ------------------------------------------------------------------------------------
-def collection_tasks(value: Any) -> dict:
+def collection_tasks(value: Any, layers: dict | None = None) -> dict:
     """Every task of the collections in ``value`` as ``dask.task_spec`` nodes, by Dask's keys,
-    dependencies first (the order ``Branch.lineage`` lists them in)."""
+    dependencies first (the order ``Branch.lineage`` lists them in).
+
+    ``layers`` (``{expression name: its layer}``, kept by the caller) caches what a
+    ``dask.dataframe`` expression's graph is made of, as ``__dask_graph__`` builds it
+    (``lower_completely`` then one ``_layer()`` per expression): branches share their
+    upstream expressions, so each layer is built once per compile instead of once per step."""
     from dask._task_spec import convert_legacy_graph
     from dask.base import unpack_collections
 
     colls, _ = unpack_collections(value)
     dsk: dict = {}
     for c in colls:
-        dsk.update(dict(c.__dask_graph__()))
-    graph = convert_legacy_graph(dsk)
+        expr = getattr(c, "expr", None)
+        if layers is not None and hasattr(expr, "lower_completely") and hasattr(expr, "_layer"):
+            dsk.update(_expr_graph(expr.lower_completely(), layers))
+        else:
+            dsk.update(dict(c.__dask_graph__()))
+    graph = {k: _rekey(k, t) for k, t in convert_legacy_graph(dsk).items()}
     return _topological(graph)
+
+
+def _expr_graph(expr: Any, layers: dict) -> dict:
+    """``expr.__dask_graph__()`` (dask's ``Expr.__dask_graph__``: each expression's
+    ``_layer()``, merged), with the layers of expressions already seen taken from ``layers``."""
+    out: dict = {}
+    stack, seen = [expr], set()
+    while stack:
+        e = stack.pop()
+        if e._name in seen:
+            continue
+        seen.add(e._name)
+        layer = layers.get(e._name)
+        if layer is None:
+            layer = layers[e._name] = e._layer()
+        out.update(layer)
+        stack.extend(e.dependencies())
+    return out
+
+
+def _rekey(key: Any, node: Any) -> Any:
+    """``node`` under ``key``: Dask may file a node under another name than its own (a
+    ``Delayed`` argument of ``map_partitions`` is filed as ``(name, 0)`` but keyed ``name``);
+    fusing and recompute copies go by the node's own key, so the two must agree."""
+    if getattr(node, "key", key) == key:
+        return node
+    from dask._task_spec import Alias
+
+    if isinstance(node, Alias):
+        return Alias(key, target=node.target)
+    return node.substitute({}, key=key)
 
 
 def _topological(graph: dict) -> dict:
@@ -401,19 +443,48 @@ def warn_plain(where: str, label: str, value: Any) -> None:
 
 
 # ---- the kept value -----------------------------------------------------------------------------
-def finish_value(client: Any, value: Any, compute: bool) -> Any:
-    """The kept branch's value for the user: its partitioned collections persisted on the
-    cluster (the run still holds their partitions, so nothing runs again) and its scalars
-    computed; with ``compute`` the whole value computed and gathered."""
+def finish_value(client: Any, value: Any, gathered: Any, compute: bool) -> Any:
+    """The kept branch's value for the user, from its lazy ``value`` and its value task's
+    result ``gathered`` (scalars computed, :class:`Partitioned` records in place of
+    partitioned collections): each partitioned collection persisted on the cluster (the run
+    still holds its partitions, so nothing runs again), or with ``compute`` computed and
+    gathered here."""
     from dask.base import unpack_collections
 
-    if compute:
-        return compute_value(client, value)
     colls, repack = unpack_collections(value)
-    persisted = client.persist([c for c in colls if is_partitioned(c)], optimize_graph=False)
-    scalars = client.gather(client.compute([c for c in colls if not is_partitioned(c)], optimize_graph=False))
-    it_p, it_s = iter(persisted), iter(scalars)
-    return repack([next(it_p) if is_partitioned(c) else next(it_s) for c in colls])[0]
+    if not any(is_partitioned(c) for c in colls):
+        return gathered
+    slots: dict[int, Any] = {}
+    _read_slots(repack([_Slot(i) for i in range(len(colls))])[0], gathered, slots)
+    parts = [c for c in colls if is_partitioned(c)]
+    if compute:
+        done = client.gather(client.compute(parts, optimize_graph=False))
+    else:
+        done = client.persist(parts, optimize_graph=False)
+    it = iter(done)
+    return repack([next(it) if is_partitioned(c) else slots[i] for i, c in enumerate(colls)])[0]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    i: int
+
+
+def _read_slots(template: Any, actual: Any, out: dict) -> None:
+    """Where ``template`` (a value repacked with slots) has slot ``i``, ``out[i]`` is ``actual``'s value."""
+    if isinstance(template, _Slot):
+        out[template.i] = actual
+    elif isinstance(template, Mapping):
+        for k, t in template.items():
+            _read_slots(t, actual[k], out)
+    elif isinstance(template, (list, tuple)):
+        for t, a in zip(template, actual):
+            _read_slots(t, a, out)
+    elif _is_dataclass(template):
+        import dataclasses
+
+        for f in dataclasses.fields(template):
+            _read_slots(getattr(template, f.name), getattr(actual, f.name), out)
 
 
 def compute_value(client: Any, value: Any) -> Any:
@@ -443,10 +514,11 @@ class CollectionSteps:
         self.make_branch = make_branch
         self.values: dict[str, Any] = {}  # step key -> its lazy value (each step applied once)
         self.tasks: dict[str, tuple] = {}  # step key -> its value's collection tasks
+        self.layers: dict[str, dict] = {}  # dask expression name -> its layer (built once)
 
     def _branch(self, key: str, value: Any, call: Any, items: tuple, lineage: tuple, gates: tuple) -> Any:
         if key not in self.tasks:
-            self.tasks[key] = tuple(collection_tasks(value).items())
+            self.tasks[key] = tuple(collection_tasks(value, self.layers).items())
         for k, task in self.tasks[key]:
             self.graph.setdefault(k, task)
         if call.size_hint is not None:  # node.size_hint: bytes per partition of the step's output

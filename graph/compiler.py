@@ -342,7 +342,7 @@ class _Compiler:
             mkeys.append(mk)
         self.chooses.append(ChoosePoint(index, spec, inputs, mkeys))
         return [
-            Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),))
+            Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),), lazy=b.lazy)
             for i, b in enumerate(inputs)
         ]
 
@@ -376,7 +376,7 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
     branches = c.branches(spec)
     if any(b.lazy is not None for b in branches):  # outputs hold their partitions (graph/collections.py)
         branches = [c.collections.with_value(b, hold=True) for b in branches]
-    if c._collections is not None:  # linear chains of partition tasks become one task each
+    if c._collections is not None:  # a partition's single-reader tasks fuse into their reader
         branches = c.collections.fuse(c.metric_graph, branches, c.chooses)
     dependents = dependents_of(c.graph)
     return CompiledPipeline(

@@ -314,7 +314,7 @@ def execute(
             from .collections import finish_value
 
             for b in lazy:
-                values[b.key] = finish_value(client, b.lazy, compute_value)
+                values[b.key] = finish_value(client, b.lazy, values[b.key], compute_value)
         snap = snapshot()
         budget_stats = budgeted.stats(snap, compiled)
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)

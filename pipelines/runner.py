@@ -110,7 +110,7 @@ def run_node(
             raise
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
-        distributed = any(b.lazy is not None for b in compiled.branches) and not compute_value
+        distributed = any(b.parts for b in compiled.branches) and not compute_value
         close = stack.pop_all().close if distributed else None
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:

@@ -75,6 +75,18 @@ def clean(df, method, log="", pause=0.0):
     return df.map_partitions(clean_part, fill, method=method, log=log, pause=pause, meta=df._meta)
 
 
+def first_part_means(part: pd.DataFrame) -> pd.Series:
+    return part.mean()
+
+
+def impute_first(df):
+    """Fill with the first partition's means, passed to map_partitions as a ``Delayed``."""
+    import dask
+
+    means = dask.delayed(first_part_means, pure=True)(df.to_delayed(optimize_graph=False)[0])
+    return df.map_partitions(pd.DataFrame.fillna, means, meta=df._meta)
+
+
 def select(df, cols):
     return df[list(cols) + ["y"]]
 
@@ -85,6 +97,16 @@ def score(df, w):
     cols = [c for c in df.columns if c != "y"]
     pred = sum(df[c] * w for c in cols)
     return {"mse": ((pred - df.y) ** 2).mean(), "rows": df.y.count()}
+
+
+def score_and_keep(df, w):
+    """:func:`score`, with the table itself in the value (a partitioned collection in a mapping)."""
+    return {**score(df, w), "table": df}
+
+
+def summary(value):
+    """A plain step after a choose: gets the kept value computed (pandas)."""
+    return {"mse": value["mse"], "rows": len(value["table"]), "kind": type(value["table"]).__module__.split(".")[0]}
 
 
 def wrong_column(df):

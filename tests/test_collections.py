@@ -43,6 +43,22 @@ def test_collection_graphs_join_the_exploration_partition_by_partition(files):
     assert set(exploration(files).compile().graph) == set(c.graph)
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_fused_tasks_keep_their_keys_with_a_delayed_argument(tmp_path, parts):
+    import dask
+
+    one = cs.write_table(tmp_path / "t", parts=parts, rows=50)
+    node = Pipeline("one").source(cs.table, files=one).explore(
+        "clean", first=cs.impute_first, zero=grid(cs.clean, method=["zero"])).then(cs.score, w=1.0).choose("mse")
+    c = node.compile()
+    assert all(getattr(t, "key", k) == k for k, t in c.graph.items())  # Dask filed the Delayed as (name, 0)
+    expected = dask.compute(cs.score(cs.impute_first(cs.table.__wrapped__(one)), 1.0)["mse"], scheduler="sync")[0]
+    from dask._task_spec import execute_graph
+
+    out = execute_graph({**c.graph, **c.metric_graph})
+    assert out[c.chooses[0].metric_keys[0]][0] == pytest.approx(expected, rel=1e-12)
+
+
 def test_the_memory_plan_sees_partitions_and_per_partition_hints(files):
     import graph
 
@@ -167,33 +183,39 @@ def test_a_kept_collection_stays_distributed(files, client):
 COLS = ["clean.method", "features.cols", "model.w", "mse", "rows", "status", "chosen"]
 
 
-def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files):
+def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files, client, tmp_path):
     import signal
     import threading
+    import time
 
-    from distributed import Client, LocalCluster
+    (tmp_path / "ref").mkdir()
+    reference = exploration(files, log=str(tmp_path / "ref"), pause=0.25).run(client, quiet=True, progress=False)
+    log = tmp_path / "killed"
+    log.mkdir()
+    pids = client.run(os.getpid)
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
-        reference = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
-        pids = c.run(os.getpid)
-        victim = pids[sorted(pids)[1]]
-        timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))  # 12 cleanings of 0.3 s on 2 workers
-        timer.start()
-        try:
-            result = exploration(files, pause=0.3).run(c, quiet=True, progress=False)
-        finally:
-            timer.cancel()
+    def kill_mid_run():  # once 4 of the 12 cleanings ran, kill the worker holding the most results
+        while len(os.listdir(log)) < 4 + 4:  # 4 reads, then 4 cleanings
+            time.sleep(0.02)
+        held = client.has_what()
+        os.kill(pids[max(held, key=lambda w: len(held[w]))], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_mid_run, daemon=True)
+    killer.start()
+    result = exploration(files, log=str(log), pause=0.25).run(client, quiet=True, progress=False)
+    killer.join(timeout=5)
     assert result.table[COLS].equals(reference.table[COLS])
     assert result.value == reference.value
-    # Dask recomputed the partitions the dead worker held (the scheduler's count shows it)
+    # Dask recomputed what the dead worker held (the scheduler's count and the side effects show it)
     assert result.stats["executed_tasks"] > reference.stats["executed_tasks"]
+    assert len(os.listdir(log)) > len(os.listdir(tmp_path / "ref"))
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the tests after this one
 
 
 def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_limit(tmp_path):
     MiB = 2**20
-    budget = 1024 * MiB  # two workers of 512 MiB; an idle worker with pandas and pyarrow takes ~270 MiB
-    files = cs.write_table(tmp_path / "big", parts=12, rows=150_000)  # 12 partitions of ~6 MiB
+    budget = 900 * MiB  # two workers of 450 MiB; an idle worker with pandas and pyarrow takes ~270 MiB
+    files = cs.write_table(tmp_path / "big", parts=8, rows=150_000)  # 8 partitions of ~6 MiB
     node = (Pipeline("budget").source(cs.table, files=files)
             .explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
             .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))
@@ -224,6 +246,22 @@ def test_the_same_exploration_on_dask_cudf(files, tmp_path):
     cpu = exploration(files).run(workers=1, quiet=True, progress=False)
     assert gpu.table["mse"].to_numpy() == pytest.approx(cpu.table["mse"].to_numpy(), rel=1e-9)
     assert gpu.chosen.index.equals(cpu.chosen.index)
+
+
+def test_a_value_holding_a_collection_passes_a_choose(files, client):
+    import pandas as pd
+
+    best = Pipeline("pass").source(cs.table, files=files).explore(
+        "clean", *[grid(cs.clean, method=[m]) for m in METHODS]).then(cs.score_and_keep, w=1.0).choose("mse", mode="min")
+    r = best.run(client, quiet=True, progress=False)
+    assert set(r.value) == {"mse", "rows", "table"} and float(r.value["mse"]) == pytest.approx(r.table["mse"].min())
+    assert type(r.value["table"]).__module__.startswith("dask.") and r.value["table"].npartitions == 4  # persisted
+    assert r.stats["executed_tasks"] == r.stats["unique_tasks"]
+    with pytest.warns(CollectionWarning):
+        after = best.then(cs.summary)
+        r2 = after.run(client, quiet=True, progress=False)
+    assert r2.value["kind"] == "pandas" and r2.value["rows"] == r.value["rows"]  # the computed value
+    assert isinstance(r.value["table"].head(2, npartitions=1), pd.DataFrame)
 
 
 def test_an_embedded_cluster_stays_open_for_a_persisted_value_until_closed(files):

@@ -25,6 +25,8 @@ value: print it, test it, and compare it with what a run measured.
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -334,10 +336,12 @@ def plan_memory(
     for k, v in seconds.items():
         step_seconds[step_of(k)] = max(step_seconds.get(step_of(k), 0.0), v)
 
+    costs: dict[str, float] = {}
+
     def cost(key: str) -> float:
-        if key in seconds:
-            return seconds[key]
-        return step_seconds.get(step_of(key), math.inf)
+        if key not in costs:
+            costs[key] = seconds[key] if key in seconds else step_seconds.get(step_of(key), math.inf)
+        return costs[key]
 
     def next_use(key: str, t: float) -> int | None:
         u = uses[key]
@@ -350,8 +354,21 @@ def plan_memory(
     death = {k: max(float(uses[k][-1]) if uses[k] else -1.0, hold.get(k, -1.0)) for k in order}
     due: dict[int, list[str]] = {}
 
+    # eviction candidates, furthest next use first, then largest, then longest resident: a heap
+    # of (-next use, -size, residency number, key) whose entries go stale when the key leaves
+    # memory (its residency number changes) or is read (a fresh entry is pushed after the step)
+    ranks: list = []
+    residency: dict[str, int] = {}
+    counter = itertools.count()
+
+    def rank_entry(key: str, t: int) -> tuple:
+        n = next_use(key, t)
+        return (-(math.inf if n is None else n), -resident[key], residency[key], key)
+
     def resident_from(key: str, t: int) -> None:
-        """``key`` became resident at step ``t``: check it again when it dies."""
+        """``key`` became resident at step ``t``: rank it, and check it again when it dies."""
+        residency[key] = next(counter)
+        heapq.heappush(ranks, rank_entry(key, t))
         due.setdefault(max(t, math.ceil(death[key])), []).append(key)
 
     # Each worker is modelled as running the whole order with its own share: shared inputs are
@@ -372,6 +389,8 @@ def plan_memory(
         while stack:
             k = stack.pop()
             c += cost(k)
+            if c == math.inf:  # unknown cost: nothing further changes the answer
+                return c
             for d in deps(k):
                 if d in resident or d in on_disk or d in seen:
                     continue
@@ -402,15 +421,21 @@ def plan_memory(
 
     def make_room(nbytes: int, protected: set[str], t: int) -> None:
         while tally["total"] + nbytes > capacity:
-            victims = [r for r in resident if r not in protected]
-            if not victims:
+            v, aside = None, []
+            while ranks:  # the furthest next use (Belady), skipping stale entries
+                entry = heapq.heappop(ranks)
+                r = entry[3]
+                if r not in resident or residency.get(r) != entry[2] or entry != rank_entry(r, t):
+                    continue
+                if r in protected:
+                    aside.append(entry)
+                    continue
+                v = r
+                break
+            for entry in aside:
+                heapq.heappush(ranks, entry)
+            if v is None:
                 return
-
-            def rank(r: str) -> tuple[float, int]:
-                n = next_use(r, t)
-                return (math.inf if n is None else n, resident[r])
-
-            v = max(victims, key=rank)
             nu = next_use(v, t)
             tally["total"] -= resident.pop(v)
             evicted_at.setdefault(v, t)
@@ -454,10 +479,16 @@ def plan_memory(
                 make_room(size[d], set(inputs), t)
                 bring(d, t)
         make_room(size[k], set(inputs), t)
-        resident[k] = size[k]
-        resident_from(k, t)
+        if k not in resident:
+            resident[k] = size[k]
+            resident_from(k, t)
+        else:
+            resident[k] = size[k]
         tally["total"] += size[k]
         tally["peak"] = max(tally["peak"], tally["total"])
+        for d in inputs:  # read at t: ranked by their next use after t
+            if d in resident:
+                heapq.heappush(ranks, rank_entry(d, t))
         for r in due.pop(t, ()):  # release what nothing reads or holds any more
             if death[r] <= t:
                 if r in resident:

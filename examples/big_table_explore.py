@@ -119,18 +119,17 @@ def column_stats(part: pd.DataFrame, how: str) -> pd.Series:
     return getattr(part[list(MISSING)], how)()
 
 
-def fill_missing(part: pd.DataFrame, values: pd.Series) -> pd.DataFrame:
-    return part.fillna(values)
+def fill_missing(part: pd.DataFrame, *values: float) -> pd.DataFrame:
+    return part.fillna(dict(zip(MISSING, values)))
 
 
 def impute(df, how: str):
-    """Fill missing values with the ``how`` ('mean' or 'median') of the first partition."""
-    import dask
-
+    """Fill missing values with the ``how`` ('mean' or 'median') of the first partition (Dask
+    scalars, broadcast to every partition)."""
     column_stats(df._meta, how)  # a bad ``how`` fails here, when the pipeline is compiled
-    first = df.to_delayed(optimize_graph=False)[0]
-    values = dask.delayed(column_stats, pure=True)(first, how)
-    return df.map_partitions(fill_missing, values, meta=df._meta)
+    first = df.partitions[0]
+    values = [getattr(first[c], how)() for c in MISSING]
+    return df.map_partitions(fill_missing, *values, meta=df._meta)
 
 
 def feature_columns(kind: str) -> list[str]:
@@ -206,19 +205,28 @@ def ridge_solution(sums: pd.Series, alpha: float, names: list[str]) -> dict:
             "coef": pd.Series(w, index=["intercept"] + names), "train_rows": int(rows)}
 
 
+def _sum_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sum().to_frame().T
+
+
+def _solved(frame: pd.DataFrame, alpha: float, names: list, field: str):
+    return ridge_solution(frame.sum(), alpha, names)[field]
+
+
 def fit_ridge(feats, alpha: float) -> dict:
     """Ridge regression fitted on partitions: per-partition sums, reduced over partitions (a
-    tree reduction), then one small solve. Returns Dask values: the validation MSE (the
+    tree of fan-in 8), then one small solve. Returns Dask scalars: the validation MSE (the
     metric), the training MSE and the coefficients."""
-    import dask
-
     names = [c for c in feats.columns if c not in ("y", "is_val")]
     meta = pd.DataFrame(columns=_sum_names(len(names) + 1), dtype=float)
-    # a tree of fan-in 8: with many partitions, one combine over all of them would need every
-    # chunk on one worker at once (and the memory plan, before sizes are measured, assumes 1 MiB each)
-    sums = feats.map_partitions(partition_sums, meta=meta).sum(split_every=8)
-    fitted = dask.delayed(ridge_solution, pure=True)(sums, float(alpha), names)
-    return {"val_mse": fitted["val_mse"], "train_mse": fitted["train_mse"], "coef": fitted["coef"]}
+    sums = feats.map_partitions(partition_sums, meta=meta)
+
+    def solved(field, kind):
+        return sums.reduction(chunk=_sum_rows, aggregate=_solved, split_every=8, meta=kind,
+                              aggregate_kwargs={"alpha": float(alpha), "names": names, "field": field})
+
+    return {"val_mse": solved("val_mse", float), "train_mse": solved("train_mse", float),
+            "coef": solved("coef", object)}
 
 
 # ---------------------------------------------------------------- the exploration

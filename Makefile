@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python benchmarks/memory_planner.py
 	$(BIN)/python benchmarks/load.py
 	$(BIN)/python benchmarks/sklearn_search.py
+	$(BIN)/python benchmarks/collections_explore.py
 	$(BIN)/python benchmarks/hosts.py   # needs root, ip and tc (says so and skips otherwise); ~20 min
 
 clean:

@@ -222,7 +222,7 @@ def fit_ridge(feats, alpha: float) -> dict:
     sums = feats.map_partitions(partition_sums, meta=meta)
 
     def solved(field, kind):
-        return sums.reduction(chunk=_sum_rows, aggregate=_solved, split_every=8, meta=kind,
+        return sums.reduction(chunk=_sum_rows, combine=_sum_rows, aggregate=_solved, split_every=8, meta=kind,
                               aggregate_kwargs={"alpha": float(alpha), "names": names, "field": field})
 
     return {"val_mse": solved("val_mse", float), "train_mse": solved("train_mse", float),

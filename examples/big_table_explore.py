@@ -205,24 +205,26 @@ def ridge_solution(sums: pd.Series, alpha: float, names: list[str]) -> dict:
             "coef": pd.Series(w, index=["intercept"] + names), "train_rows": int(rows)}
 
 
-def _sum_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.sum().to_frame().T
+def _as_row(sums: pd.Series) -> pd.DataFrame:
+    return sums.to_frame().T
 
 
-def _solved(frame: pd.DataFrame, alpha: float, names: list, field: str):
-    return ridge_solution(frame.sum(), alpha, names)[field]
+def _solved(rows: pd.DataFrame, alpha: float, names: list, field: str):
+    return ridge_solution(rows.sum(), alpha, names)[field]
 
 
 def fit_ridge(feats, alpha: float) -> dict:
     """Ridge regression fitted on partitions: per-partition sums, reduced over partitions (a
-    tree of fan-in 8), then one small solve. Returns Dask scalars: the validation MSE (the
-    metric), the training MSE and the coefficients."""
+    tree of fan-in 8, the same keys for every alpha), then one small solve per alpha. Returns
+    Dask scalars: the validation MSE (the metric), the training MSE and the coefficients."""
     names = [c for c in feats.columns if c not in ("y", "is_val")]
     meta = pd.DataFrame(columns=_sum_names(len(names) + 1), dtype=float)
-    sums = feats.map_partitions(partition_sums, meta=meta)
+    # fan-in 8: with many partitions, one combine over all of them would need every chunk on
+    # one worker at once
+    sums = feats.map_partitions(partition_sums, meta=meta).sum(split_every=8)  # shared by the alphas
 
     def solved(field, kind):
-        return sums.reduction(chunk=_sum_rows, combine=_sum_rows, aggregate=_solved, split_every=8, meta=kind,
+        return sums.reduction(chunk=_as_row, aggregate=_solved, meta=kind,
                               aggregate_kwargs={"alpha": float(alpha), "names": names, "field": field})
 
     return {"val_mse": solved("val_mse", float), "train_mse": solved("train_mse", float),

@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python benchmarks/load.py
 	$(BIN)/python benchmarks/sklearn_search.py
 	$(BIN)/python benchmarks/train_explore.py   # Quiver vs Optuna vs Ray Tune on training runs; ~10 min
+	$(BIN)/python benchmarks/collections_explore.py
 	$(BIN)/python benchmarks/hosts.py   # needs root, ip and tc (says so and skips otherwise); ~20 min
 
 clean:

@@ -115,7 +115,8 @@ def connect(
         kwargs["memory_limit"] = memory_limit
     # workers_skip_main: a script without an ``if __name__ == "__main__":`` guard works too
     # (workers, restarted ones included, never re-run it); see its docstring
-    with workers_skip_main(), LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+    with workers_skip_main(), _closing_after_errors(LocalCluster(**kwargs)) as cluster, \
+            _closing_after_errors(Client(cluster)) as c:
         from .dashboard import ensure_dashboard
 
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
@@ -124,6 +125,23 @@ def connect(
         c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
         _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
         yield c
+
+
+@contextlib.contextmanager
+def _closing_after_errors(thing: Any) -> Iterator[Any]:
+    """Close ``thing`` (a cluster or client) on the way out; when the body raised, a failure to
+    close (e.g. ``LocalCluster.close`` timing out after a worker died) is printed, never raised,
+    so the run's own error is the one the user sees."""
+    try:
+        yield thing
+    except BaseException:
+        try:
+            thing.close()
+        except Exception as exc:  # the body's error wins; the close failure is only reported
+            print(f"[quiver] closing the embedded cluster after an error also failed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        raise
+    thing.close()
 
 
 def _announce(client: Client, what: str, quiet: bool) -> None:

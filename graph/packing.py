@@ -183,7 +183,7 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping) -
     if key is None:
         return PackedTrainer(data, model, members, active="auto", publish=True, **shared)
     client = get_client()
-    with Lock(f"quiver-members-{key[-1]}", client=client):
+    with Lock(f"quiver-members-{key[-1]}"):
         memo = client.get_metadata(key, default=None)
         if memo is not None:
             return PackedTrainer(data, model, members, active=int(memo["active"]), tuning=memo["tuning"],

@@ -49,7 +49,8 @@ from .replicas import _FunctionalModel, replica_batches
 from .sma import SMAState, central_update, local_correction, local_step, reset_replicas
 from .tuning import ReplicaTuner
 
-__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "PackedGroup", "PackedTrainer", "tune_members", "split_members"]
+__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "PackedGroup", "PackedTrainer", "members_memo_key", "tune_members",
+           "split_members"]
 
 _REPEATS = 3  # measurements per member count when tuning (the best one counts)
 
@@ -77,6 +78,37 @@ def tune_members(measure: Callable[[int], float], most: int, threshold: float = 
     while (m := tuner.propose()) is not None:
         tuner.observe(m, float(measure(m)))
     return tuner.best, tuner.curve
+
+
+def members_memo_key(model: Callable, data: Any, shared: Mapping, members: int) -> list[str] | None:
+    """Where the scheduler remembers a packed task's tuned member count (``set_metadata``), as
+    ``gpu.train`` remembers a tuned replica count: everything :meth:`PackedTrainer._tune`'s choice
+    depends on (the model, the data's shapes, the shared arguments: batch, replicas, sync period,
+    tuner threshold..., and how many members the task holds), nothing it does not (the members'
+    learning rates, seeds...). ``None`` when the model has no deterministic token (then every
+    packed task tunes).
+
+    >>> import functools, torch, gpu
+    >>> data = gpu.DataSplit(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long), torch.zeros(2, 4),
+    ...                      torch.zeros(2, dtype=torch.long))
+    >>> mlp = functools.partial(gpu.MLP, 4, 2)
+    >>> members_memo_key(mlp, data, {"batch_size": 4}, 6) == members_memo_key(mlp, data, {"batch_size": 4}, 6)
+    True
+    >>> members_memo_key(mlp, data, {"batch_size": 4}, 6) == members_memo_key(mlp, data, {"batch_size": 8}, 6)
+    False
+    """
+    from dask.base import tokenize
+
+    from .training import _as_data, _deterministic_tokens
+
+    try:
+        d = _as_data(data)
+        with _deterministic_tokens():
+            token = tokenize(model, sorted(shared.items()), members, tuple(d.x_train.shape), str(d.x_train.dtype),
+                             str(d.x_train.device), len(d.x_test))
+    except Exception:
+        return None
+    return ["quiver", "members-auto", token]
 
 
 def split_members(names: list, groups: int) -> list[list]:
@@ -190,7 +222,9 @@ class PackedTrainer:
     ...) is given once, as a keyword, and shared (a member's own ``epochs``/``seed``/... win).
 
     ``active``: members training at once (an int, ``None``: all, ``"auto"``: tuned by
-    :func:`tune_members`); the others wait and join as places free. ``epoch()`` trains every
+    :func:`tune_members`); the others wait and join as places free. ``tuning``: the
+    ``(members, samples/s)`` curve an earlier tuning chose a given ``active`` from (reported in
+    :meth:`result`'s ``packing``; see :func:`members_memo_key`). ``epoch()`` trains every
     active member one epoch and returns ``{name: report}`` (the solo run's history record,
     plus ``members``: how many trained together); a member that reached its ``epochs`` or
     ``target_accuracy`` leaves the group then (``finished``). ``remove(name)`` takes a member
@@ -198,7 +232,8 @@ class PackedTrainer:
     """
 
     def __init__(self, data: Any, model: Callable[[], nn.Module], members: Mapping[Hashable, Mapping], *,
-                 active: int | str | None = None, publish: bool = False, **shared: Any) -> None:
+                 active: int | str | None = None, publish: bool = False, tuning: list | None = None,
+                 **shared: Any) -> None:
         from .training import _as_data
 
         if not callable(model):
@@ -230,7 +265,7 @@ class PackedTrainer:
         self.members: dict[Hashable, _Member] = {}
         self.publish = publish  # inside a Dask task: each member's curve on the dashboard, under its name
         self._publishers: dict[Hashable, Callable[[dict], None]] = {}
-        self.tuning: list = []
+        self.tuning: list = [tuple(p) for p in tuning or ()]  # given: a remembered curve (with an int active)
         self.tuning_s = 0.0
         if active == "auto":
             t0 = time.perf_counter()

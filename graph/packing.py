@@ -129,7 +129,10 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
 
     pack = _Task()
     tasks = {k: _MemberTask(pack, k) for k in members}
-    trainer = PackedTrainer(data, model, dict(members), active=active, publish=True, **shared)
+    if active == "auto" and pack.worker is not None:
+        trainer = _remembered_trainer(data, model, dict(members), shared)
+    else:
+        trainer = PackedTrainer(data, model, dict(members), active=active, publish=True, **shared)
     made = {k: 0 for k in members}
     last: dict[str, dict] = {}
     values: dict[str, Any] = {}
@@ -163,6 +166,31 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
         else:
             values[k] = trainer.result(k)
     return values
+
+
+def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping) -> Any:
+    """A :class:`gpu.PackedTrainer` whose member count is tuned once per cluster: the scheduler
+    remembers it (``set_metadata`` under :func:`gpu.packing.members_memo_key`, as ``gpu.train``
+    remembers a tuned replica count), so one tuning serves every packed task of the same model,
+    data shapes, shared arguments and size, in this run and in later runs on the same cluster.
+    A lock per key makes packed tasks starting together wait for one tuning instead of each
+    measuring throughput while the others do (on shared cores they would disturb each other)."""
+    from distributed import Lock, get_client
+
+    from gpu.packing import PackedTrainer, members_memo_key
+
+    key = members_memo_key(model, data, shared, len(members))
+    if key is None:
+        return PackedTrainer(data, model, members, active="auto", publish=True, **shared)
+    client = get_client()
+    with Lock(f"quiver-members-{key[-1]}"):
+        memo = client.get_metadata(key, default=None)
+        if memo is not None:
+            return PackedTrainer(data, model, members, active=int(memo["active"]), tuning=memo["tuning"],
+                                 publish=True, **shared)
+        trainer = PackedTrainer(data, model, members, active="auto", publish=True, **shared)
+        client.set_metadata(key, {"active": trainer.active_limit, "tuning": [list(p) for p in trainer.tuning]})
+    return trainer
 
 
 def _deal(compiled: Any, groups: list[list[str]], slots: int) -> tuple[dict, dict]:

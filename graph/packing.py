@@ -77,7 +77,10 @@ def _signature(task: Any) -> str | None:
 
     from .keys import step_key
 
-    found = _train_fn(task.func)
+    func = getattr(task, "func", None)  # collections put Alias and DataNode entries in the graph too
+    if func is None:
+        return None
+    found = _train_fn(func)
     if found is None or len(task.args) != 1 or not isinstance(task.args[0], TaskRef):
         return None
     kw = task.kwargs

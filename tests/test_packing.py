@@ -174,6 +174,17 @@ def test_packable_groups_follow_the_rule():
     assert packable_groups(explore(lr=[0.1]).compile().graph) == []  # one branch: nothing to pack
 
 
+def test_graphs_with_collection_nodes_are_scanned_for_packing():
+    """Dask collections put Alias and DataNode entries (no ``func``) beside tasks in the graph:
+    the packing scan skips them (it raised AttributeError on the big-table example)."""
+    from dask.task_spec import Alias, DataNode
+
+    graph = dict(explore().compile().graph)
+    graph["an-alias"] = Alias("an-alias", next(iter(graph)))
+    graph["a-datanode"] = DataNode("a-datanode", 3)
+    assert [len(g) for g in packable_groups(graph)] == [2]
+
+
 def test_pack_compiled_keeps_member_keys_and_puts_the_packed_task_in_their_lineage():
     compiled = explore(lr=[0.01, 0.03, 0.1]).choose("accuracy").compile()
     members = [b.key for b in compiled.chooses[0].inputs]

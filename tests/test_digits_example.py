@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import cloudpickle
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.example_module import example_module
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("digits_explore_example", ROOT / "examples" / "digits_explore.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)  # workers cannot import examples/
-    yield module
-    cloudpickle.unregister_pickle_by_value(module)
-    del sys.modules[spec.name]
+    with example_module("digits_explore.py", "digits_explore_example") as module:
+        yield module
 
 
 def sklearn_scores(example):

@@ -9,13 +9,13 @@ the chosen branch is the exhaustive best. Then the script itself, as the README 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-import cloudpickle
 import pytest
+
+from tests.example_module import example_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,8 @@ LRS, BATCHES, EPOCHS = [0.1, 0.01, 0.003], [64], 3
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("tune_mnist_example", ROOT / "examples" / "tune_mnist.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)  # workers cannot import examples/
-    yield module
-    cloudpickle.unregister_pickle_by_value(module)
-    del sys.modules[spec.name]
+    with example_module("tune_mnist.py", "tune_mnist_example") as module:
+        yield module
 
 
 def solo_reports(example) -> dict:

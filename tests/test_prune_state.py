@@ -346,3 +346,13 @@ def test_a_report_from_an_execution_the_run_did_not_start_is_still_answered_at_i
     assert s.handle(Report(ka, 3, {"score": 0.4})) == []  # not a rung
     assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # from the start: as ever
     assert [r.iterations for r in s.rows()][1] == 1
+
+
+def test_collection_graph_entries_are_not_iterative_steps():
+    """Collections put Alias and DataNode entries (no ``func``) in the compiled graph; the machine's
+    scan for iterative steps skips them (it raised AttributeError on the big-table example)."""
+    from dask.task_spec import Alias, DataNode
+
+    from graph.state.machine import _iterative_task
+
+    assert not _iterative_task(Alias("a", "b")) and not _iterative_task(DataNode("d", 3))

@@ -934,8 +934,9 @@ class ExplorationState:
 
 def _iterative_task(task: Any) -> bool:
     """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``), also
-    under the run's wrappers (``SaveResult``, ``RunOnce``: their ``fn``)."""
-    fn = task.func
+    under the run's wrappers (``SaveResult``, ``RunOnce``: their ``fn``). Collections' ``Alias``
+    and ``DataNode`` entries have no ``func``: not iterative."""
+    fn = getattr(task, "func", None)
     for _ in range(8):
         if isinstance(fn, Iterative):
             return True

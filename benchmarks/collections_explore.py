@@ -47,6 +47,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -240,7 +241,7 @@ def run_dask_ml(ex, cfg, client):
         fold = np.where(is_val.compute(), 0, -1)  # the validation rows are the one test fold
         search = GridSearchCV(pipe, grid, cv=PredefinedSplit(fold), refit=False, error_score="raise",
                               return_train_score=False, scoring="neg_mean_squared_error", scheduler=client)
-        search.fit(X, y)
+        fit_unless_paused(client, lambda: search.fit(X, y))
     res = search.cv_results_
     scores = {}
     for params, score in zip(res["params"], res["mean_test_score"]):
@@ -248,6 +249,38 @@ def run_dask_ml(ex, cfg, client):
         kind = cfg["kinds"][featurizers.index(params["features"])]
         scores[(("impute", how), kind, float(params["ridge__alpha"]))] = -float(score)
     return scores, m.result
+
+
+class DoesNotFit(RuntimeError):
+    """dask-ml's split did not fit a worker (recorded as "not run to the end", not a failure)."""
+
+
+def fit_unless_paused(client, fit, patience: float = 20.0) -> None:
+    """Run ``fit`` (blocking); fail instead of hanging when a worker stays paused for ``patience``
+    seconds (dask-ml computes each split onto one worker: when that does not fit beside the
+    worker's idle memory, Dask pauses the worker and the search waits for ever; the size guard
+    in ``main`` is an estimate, and idle memory differs between environments)."""
+    done, box = threading.Event(), {}
+
+    def target():
+        try:
+            fit()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="dask-ml-fit", daemon=True).start()
+    paused_since = None
+    while not done.wait(1.0):
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        paused = [w for w in workers if w.get("status") == "paused"]
+        paused_since = (paused_since or time.monotonic()) if paused else None
+        if paused_since is not None and time.monotonic() - paused_since > patience:
+            raise DoesNotFit(f"{len(paused)} worker(s) paused for {patience:.0f}s by Dask's memory limit: "
+                               f"the split dask-ml computes onto one worker does not fit")
+    if "error" in box:
+        raise box["error"]
 
 
 RUNNERS = {"quiver": run_quiver, "per_branch": run_per_branch, "one_compute": run_one_compute,
@@ -360,6 +393,9 @@ def main(argv=None) -> int:
                 scores.setdefault(method, got)
                 print(f"  {METHODS[method]:<36} run {rep + 1}: {result['wall_s']:.1f}s, "
                       f"{result['executed_tasks']} tasks", flush=True)
+            except DoesNotFit as exc:
+                errors[method] = f"not run to the end: {exc}"
+                print(f"  {METHODS[method]}: {errors[method]}", flush=True)
             except Exception as exc:
                 errors[method] = f"{type(exc).__name__}: {exc}"
                 print(f"  {METHODS[method]} failed: {errors[method]}\n{traceback.format_exc()[-1500:]}", flush=True)

@@ -56,5 +56,5 @@ def test_script_prints_table_choice_and_stats(tmp_path):
     assert re.search(r"^chosen: cleaning=\S+ features=(linear|squares|interactions) alpha=\S+: validation MSE", out, re.M)
     m = re.search(r"partition tasks: (\d+) executed, (\d+) unique, (\d+) naive", out)
     assert m and int(m[1]) == int(m[2]) < int(m[3])
-    assert re.search(r"peak memory [\d,]+ MiB \(sum of workers\) vs budget 1,024 MiB; spilled [\d,]+ MiB", out)
+    assert re.search(r"peak memory [\d,]+ MiB \(sum of workers\) vs budget 1,280 MiB; spilled [\d,]+ MiB", out)
     assert len(re.findall(r"fit_ridge", out)) == 3 * 3  # one table row per branch

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PipelineError
+from .walk import postorder
 
 __all__ = [
     "CollectionWarning",
@@ -288,19 +289,10 @@ def _rekey(key: Any, node: Any) -> Any:
 
 
 def _topological(graph: dict) -> dict:
-    out: dict = {}
-    for root in graph:
-        stack = [(root, False)]
-        while stack:
-            k, ready = stack.pop()
-            if k in out:
-                continue
-            if ready:
-                out[k] = graph[k]
-                continue
-            stack.append((k, True))
-            stack.extend((d, False) for d in graph[k].dependencies if d in graph and d not in out)
-    return out
+    def deps(k):
+        return [d for d in graph[k].dependencies if d in graph]
+
+    return {k: graph[k] for k in postorder(graph, deps, set())}
 
 
 def _index(key: Any) -> tuple:

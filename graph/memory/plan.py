@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
+from ..walk import postorder
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 
 __all__ = [
@@ -219,19 +220,8 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
     seen: set[str] = set()
 
     def visit(key: str) -> None:
-        stack = [(key, False)]
-        while stack:
-            k, expanded = stack.pop()
-            if k in seen:
-                continue
-            if expanded:
-                seen.add(k)
-                order.append(k)
-                continue
-            stack.append((k, True))
-            for d in sorted(deps(k), key=str, reverse=True):  # keys: str, or tuples (partitions)
-                if d not in seen:
-                    stack.append((d, False))
+        # keys: str, or tuples (partitions); the smallest dependency is visited first
+        order.extend(postorder([key], lambda k: sorted(deps(k), key=str, reverse=True), seen))
 
     excluded: list[tuple[list[str], tuple]] = []
     held: set[str] = set()

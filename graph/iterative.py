@@ -49,7 +49,6 @@ from __future__ import annotations
 import inspect
 import logging
 import queue
-import sys
 import threading
 import uuid
 import weakref
@@ -83,14 +82,11 @@ GATE_POLL_S = 1.0
 
 def is_iterative(fn: Any) -> bool:
     """Whether a step function is iterative: a generator function (also through
-    ``functools.partial``), ``gpu.train`` (docs/architecture.md §7), or a callable that
-    says so with a true ``__quiver_iterative__`` attribute."""
+    ``functools.partial``), or a callable that says so with a true ``__quiver_iterative__``
+    attribute, as ``gpu.train`` does (docs/architecture.md §7)."""
     if inspect.isgeneratorfunction(fn):  # unwraps functools.partial itself
         return True
-    if getattr(fn, "__quiver_iterative__", False):
-        return True
-    training = sys.modules.get("gpu.training")  # gpu.train is only ever passed once imported
-    return training is not None and fn is getattr(training, "train", None)
+    return bool(getattr(fn, "__quiver_iterative__", False))
 
 
 def _iterate_of(fn: Any) -> Callable:

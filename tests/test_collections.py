@@ -269,10 +269,14 @@ def test_a_worker_killed_mid_run_gives_the_same_table_and_choice(files, client, 
 
 def test_a_budgeted_run_over_more_than_its_budget_spills_and_stays_under_the_limit(tmp_path):
     MiB = 2**20
-    # two workers of 600 MiB; an idle worker with pandas and pyarrow measured 270 MiB here and
-    # 374 MiB on a fresh CI machine (450 MiB workers were refused there: "no room for results")
-    budget = 1200 * MiB
-    files = cs.write_table(tmp_path / "big", parts=8, rows=800_000)  # 8 partitions of ~32 MiB
+    # two workers of 800 MiB: an idle worker with pandas and pyarrow measured 270 MiB here and
+    # 374 MiB on a fresh CI machine, where 600 MiB workers paused on unmanaged memory (idle
+    # memory plus a step's temporaries, 431 MiB, over the 80% pause line); 16 MiB partitions keep
+    # the temporaries small (peak 581 MiB here, 59 MiB under the pause line; the old 600 MiB
+    # workers with 32 MiB partitions peaked at 468, 12 under it), and the source and one cleaned
+    # table (2 x 512 MiB) exceed what the plan may hold, so it spills and reads back
+    budget = 1600 * MiB
+    files = cs.write_table(tmp_path / "big", parts=32, rows=400_000)  # 32 partitions of ~16 MiB
     node = (Pipeline("budget").source(cs.table, files=files)
             .explore("clean", *[grid(cs.clean, method=[m]) for m in METHODS])
             .explore("model", grid(cs.score, w=[0.5, 1.0])).choose("mse", mode="min"))

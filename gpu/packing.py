@@ -46,11 +46,10 @@ from torch.func import grad_and_value, vmap
 from .algorithms import Timer
 from .engine import TrainConfig, _measure, _own_rng
 from .replicas import _FunctionalModel, replica_batches
-from .sma import SMAState, central_update, local_correction, local_step, reset_replicas
+from .sma import SMAState, central_update, local_correction, local_step, reset_replicas, ssgd_step
 from .tuning import ReplicaTuner
 
-__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "PackedGroup", "PackedTrainer", "members_memo_key", "tune_members",
-           "split_members"]
+__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "PackedGroup", "PackedTrainer", "members_memo_key", "tune_members"]
 
 _REPEATS = 3  # measurements per member count when tuning (the best one counts)
 
@@ -111,30 +110,14 @@ def members_memo_key(model: Callable, data: Any, shared: Mapping, members: int) 
     return ["quiver", "members-auto", token]
 
 
-def split_members(names: list, groups: int) -> list[list]:
-    """Deal ``names`` round-robin into at most ``groups`` non-empty groups (declaration order
-    kept inside each): neighbours in a grid (often similar learning rates) land apart, so
-    every group holds a mix of good and bad configurations and pruning thins all alike.
-
-    >>> split_members(list("abcde"), 2)
-    [['a', 'c', 'e'], ['b', 'd']]
-    >>> split_members(["a"], 3)
-    [['a']]
-    """
-    if not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"split_members: groups={groups!r} must be an int >= 1")
-    out = [names[i::groups] for i in range(min(groups, len(names)))]
-    return [g for g in out if g]
-
-
 def _member_config(params: Mapping, shared: Mapping) -> TrainConfig:
     unknown = sorted(set(params) - set(MEMBER_PARAMS))
     if unknown:
         raise ValueError(f"PackedTrainer: member parameters {unknown} cannot differ inside a packed group; "
                          f"members may set {list(MEMBER_PARAMS)}, the rest is shared")
     cfg = TrainConfig(**{**shared, **params})
-    if cfg.algorithm != "sma":
-        raise ValueError(f"PackedTrainer: packs SMA runs only (algorithm={cfg.algorithm!r}); train S-SGD alone")
+    if cfg.algorithm not in ("sma", "ssgd"):
+        raise ValueError(f"PackedTrainer: packs SMA and S-SGD runs (algorithm={cfg.algorithm!r})")
     if not isinstance(cfg.replicas, int):
         raise ValueError("PackedTrainer: replicas per member must be a whole number (replicas='auto' tunes a "
                          "solo run; a packed group tunes its members instead), e.g. replicas=1")
@@ -145,7 +128,8 @@ def _member_config(params: Mapping, shared: Mapping) -> TrainConfig:
 
 
 class _Member:
-    """One member's state besides its rows: config, generator, history, SMA central model."""
+    """One member's state besides its rows: config, generator, history, and the model it is
+    evaluated on (``state.z``: SMA's central model, or S-SGD's one model)."""
 
     def __init__(self, name: Hashable, cfg: TrainConfig, z: Tensor):
         self.name, self.cfg = name, cfg
@@ -204,10 +188,15 @@ class PackedGroup:
         x, y = self.fm.inputs(x, y, self.replicas)
         grads, losses = self._grad(self.fm.layout.views(self.W), x, y)
         G = self.fm.layout.flatten_grads(grads, self.replicas)
-        for i, m in enumerate(self.members):  # SMA per member block, with its own hyper-parameters
-            W, U, Wbar = self.block(self.W, i), self.block(self.U, i), self.block(self.Wbar, i)
-            local_step(W, U, self.block(G, i), m.sma, Wbar)
+        for i, m in enumerate(self.members):  # per member block, with its own hyper-parameters
+            W, U = self.block(self.W, i), self.block(self.U, i)
             m.state.steps += 1
+            if m.cfg.algorithm == "ssgd":  # the block's k rows all sit at the member's one model
+                ssgd_step(m.state.z, U[0], self.block(G, i), m.sma)
+                W.copy_(m.state.z.expand_as(W))
+                continue
+            Wbar = self.block(self.Wbar, i)
+            local_step(W, U, self.block(G, i), m.sma, Wbar)
             if m.state.steps % m.sma.sync_every == 0:
                 central_update(m.state, local_correction(W, Wbar, m.state.z, m.sma), m.sma)
         self.timer.compute += time.perf_counter() - t0
@@ -222,7 +211,9 @@ class PackedTrainer:
     ...) is given once, as a keyword, and shared (a member's own ``epochs``/``seed``/... win).
 
     ``active``: members training at once (an int, ``None``: all, ``"auto"``: tuned by
-    :func:`tune_members`); the others wait and join as places free. ``tuning``: the
+    :func:`tune_members`, up to ``most`` members, default: as many as given); the others wait
+    and join as places free. :meth:`add` brings a member later (``graph.packing``'s packed
+    tasks claim members at run time). ``tuning``: the
     ``(members, samples/s)`` curve an earlier tuning chose a given ``active`` from (reported in
     :meth:`result`'s ``packing``; see :func:`members_memo_key`). ``epoch()`` trains every
     active member one epoch and returns ``{name: report}`` (the solo run's history record,
@@ -233,7 +224,7 @@ class PackedTrainer:
 
     def __init__(self, data: Any, model: Callable[[], nn.Module], members: Mapping[Hashable, Mapping], *,
                  active: int | str | None = None, publish: bool = False, tuning: list | None = None,
-                 **shared: Any) -> None:
+                 most: int | None = None, **shared: Any) -> None:
         from .training import _as_data
 
         if not callable(model):
@@ -247,6 +238,7 @@ class PackedTrainer:
         self.t_call = time.perf_counter()
         self.data = _as_data(data)
         self.model = model
+        self.shared = shared
         self.configs = {name: _member_config(params, shared) for name, params in members.items()}
         first = next(iter(self.configs.values()))
         self.k, self.batch_size = first.replicas, first.batch_size
@@ -269,7 +261,7 @@ class PackedTrainer:
         self.tuning_s = 0.0
         if active == "auto":
             t0 = time.perf_counter()
-            active, self.tuning = self._tune(len(self.waiting))
+            active, self.tuning = self._tune(most or len(self.waiting))
             self.tuning_s = time.perf_counter() - t0
         if active is None:
             active = len(self.waiting)
@@ -287,7 +279,7 @@ class PackedTrainer:
         m.t_start = time.perf_counter()
         self.members[name] = m
         self.group.add(m, w0)
-        self._tell(name, {"kind": "start", "algorithm": "sma", "epochs": cfg.epochs, "lr": cfg.lr,
+        self._tell(name, {"kind": "start", "algorithm": cfg.algorithm, "epochs": cfg.epochs, "lr": cfg.lr,
                           "batch_size": cfg.batch_size, "replicas": str(self.k)})
 
     def _tell(self, name: Hashable, msg: dict) -> None:
@@ -314,6 +306,15 @@ class PackedTrainer:
     def pending(self) -> list:
         """Names of members that are training or waiting to join."""
         return self.active + list(self.waiting)
+
+    def add(self, name: Hashable, params: Mapping) -> None:
+        """A new member (own parameters ``params``): it waits, and joins when a place frees
+        (at once when the group has one), at its own epoch 0."""
+        if name in self.configs:
+            raise ValueError(f"PackedTrainer.add: member {name!r} is in the group already")
+        self.configs[name] = _member_config(params, self.shared)
+        self.waiting.append(name)
+        self._fill()
 
     def remove(self, name: Hashable) -> None:
         """Take a member out (pruned): its rows leave, the others go on; a waiting one joins."""
@@ -386,7 +387,7 @@ class PackedTrainer:
                 "group_samples_per_s": g.timer.samples / seconds if seconds > 0 else float("nan"),
                 "compute_s": g.timer.compute,
                 "sync_s": 0.0,
-                "sync_rounds": self.steps // m.sma.sync_every,
+                "sync_rounds": self.steps if m.cfg.algorithm == "ssgd" else self.steps // m.sma.sync_every,
                 "bytes_sent": 0,
                 "train_s": seconds,
                 "eval_s": time.perf_counter() - t1,

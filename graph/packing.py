@@ -2,7 +2,8 @@
 
 **The rule.** Tasks of ``gpu.train`` are packable together when they read the same input
 (the same data task), ask for ``workers=1`` and a whole number of ``replicas``, train SMA
-without a split sync (``partitions=1``), and agree on every argument but the members' own
+without a split sync (``partitions=1``) or S-SGD (the algorithm is shared: SMA and S-SGD
+branches make separate groups), and agree on every argument but the members' own
 (``gpu.packing.MEMBER_PARAMS``: ``lr``, ``momentum``, ``weight_decay``, ``alpha``, ``seed``,
 ``epochs``, ``target_accuracy``) and those that do not change what is trained (``workers``,
 ``max_restarts``, ``timeout``, ``max_replicas``). Branches of one explore such as
@@ -11,13 +12,15 @@ are the usual case; two or more packable tasks make a group. ``replicas="auto"``
 tunes a solo run's replicas and is not packed: a packed group tunes its members instead.
 A run turns packing off with ``run(..., pack=False)``.
 
-**What replaces them.** A group is dealt round-robin (:func:`gpu.packing.split_members`) into
-one *packed task* per worker thread (at most one per member), each running
-:func:`packed_train`: a :class:`gpu.PackedTrainer` over its members, with as many training
-at once as Crossbow's rule picks (``active="auto"``). Each member's key keeps its place in
-the graph, now holding a tiny task (:func:`member_value`) that picks the member's value out
-of the packed task's result: its ``gpu.train``-like result, or ``Pruned(iterations, last)``.
-Branch lineages gain the packed task's key before the member's, so the run computes it.
+**What replaces them.** A group becomes ``min(worker threads, members)`` *packed tasks*,
+each running :func:`packed_train`: a :class:`gpu.PackedTrainer` over the members it **claims
+at run time** from the group's claim table (:mod:`graph.claims`): one when it starts, then as
+many as Crossbow's rule lets it train at once (``active="auto"``), and more whenever a member
+leaves it, so no packed task idles while a member of its group waits. Each member's key keeps
+its place in the graph, now holding a tiny task (:func:`member_value`) that picks the member's
+value out of the results of its group's packed tasks: its ``gpu.train``-like result, or
+``Pruned(iterations, last)``. Branch lineages gain the packed tasks' keys before the member's,
+so the run computes them.
 
 **On the worker**, the packed task reports every member's epoch on behalf of the member's
 key with ``graph.iterative``'s own report sending (topic ``quiver-report``, ``key`` = the
@@ -85,7 +88,7 @@ def _signature(task: Any) -> str | None:
         return None
     kw = task.kwargs
     replicas = kw.get("replicas", "auto")
-    if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") != "sma"
+    if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")
             or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
         return None
     shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
@@ -106,9 +109,12 @@ def packable_groups(graph: Mapping[str, Any]) -> list[list[str]]:
     return [keys for keys in groups.values() if len(keys) > 1]
 
 
-def member_value(packed: Mapping, key: str) -> Any:
-    """A member's value out of its packed task's result."""
-    return packed[key]
+def member_value(key: str, *packs: Mapping) -> Any:
+    """A member's value out of the result of whichever of its group's packed tasks trained it."""
+    for packed in packs:
+        if key in packed:
+            return packed[key]
+    raise RuntimeError(f"packed member {key!r} was trained by none of its group's {len(packs)} packed task(s)")
 
 
 class _MemberTask(_Task):
@@ -123,31 +129,77 @@ class _MemberTask(_Task):
         return self._pack.cancelled()
 
 
+def _claimer(pack: _Task, claims: str | None, order: list, packs: list) -> Any:
+    """``claim(want, fair) -> [member keys]`` for this packed task: from the group's table on
+    the scheduler (``graph.claims``) inside a run; every member at once otherwise."""
+    if claims is None or pack.worker is None:
+        left = list(order)
+
+        def take(want: int, fair: bool = False) -> list:
+            out = list(left)
+            left.clear()
+            return out
+
+        return take
+    from distributed import get_client
+
+    from .claims import claim_on_scheduler
+
+    client = get_client()
+
+    def take(want: int, fair: bool = False) -> list:
+        return client.run_on_scheduler(claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt,
+                                       order=order, packs=packs, want=want, fair=fair)
+
+    return take
+
+
 def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], shared: Mapping,
-                 prunes: Mapping[str, PruneSpec | None], active: int | str | None = "auto") -> dict:
-    """The packed task: train ``members`` (``{member key: own params}``) as one
-    :class:`gpu.PackedTrainer`, report per member key, wait at each member's rungs, drop
-    members answered ``"stop"``. Returns ``{member key: result or Pruned}``."""
+                 prunes: Mapping[str, PruneSpec | None], active: int | str | None = "auto",
+                 claims: str | None = None, packs: tuple = ()) -> dict:
+    """The packed task: train members of ``members`` (``{member key: own params}``, the whole
+    group) as one :class:`gpu.PackedTrainer`, report per member key, wait at each member's
+    rungs, drop members answered ``"stop"``. Returns ``{member key: result or Pruned}`` for the
+    members it trained.
+
+    ``claims``: the name of the group's claim table (``graph.claims``; ``packs``: the group's
+    packed task keys): the task claims members as it has places (at its start and whenever a
+    member leaves), so the group's packed tasks share its members at run time. Without it (or
+    outside a Dask task) it trains every member of ``members``."""
     from gpu.packing import PackedTrainer
 
     pack = _Task()
-    tasks = {k: _MemberTask(pack, k) for k in members}
+    take = _claimer(pack, claims, list(members), list(packs))
+    first = take(1)
+    if not first:  # the group's other packed tasks took every member
+        return {}
+    mine = {k: members[k] for k in first}
     if active == "auto" and pack.worker is not None:
-        trainer = _remembered_trainer(data, model, dict(members), shared)
+        trainer = _remembered_trainer(data, model, mine, shared, len(members))
     else:
-        trainer = PackedTrainer(data, model, dict(members), active=active, publish=True, **shared)
-    made = {k: 0 for k in members}
+        trainer = PackedTrainer(data, model, mine, active=active, publish=True, most=len(members), **shared)
+    tasks: dict[str, _MemberTask] = {}
+
+    def top_up(fair: bool = False) -> None:
+        room = trainer.active_limit - len(trainer.pending)
+        if room > 0:
+            for k in take(room, fair):
+                trainer.add(k, members[k])
+
+    top_up(fair=True)
+    made: dict[str, int] = {}
     last: dict[str, dict] = {}
     values: dict[str, Any] = {}
     while trainer.active:
         reports = trainer.epoch()
         gated = []
         for k, report in reports.items():
-            made[k] += 1
-            n, last[k] = made[k], report
+            made[k] = n = made.get(k, 0) + 1
+            last[k] = report
             prune = prunes.get(k)
             gate = prune is not None and prune.rung_of(n) is not None
-            tasks[k].send(n, report, gate)
+            task = tasks.get(k) or tasks.setdefault(k, _MemberTask(pack, k))
+            task.send(n, report, gate)
             if prune is not None and prune.max_iter is not None and n >= prune.max_iter:
                 if k in trainer.active:
                     trainer.finish(k)
@@ -161,46 +213,48 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
                     trainer.remove(k)
         if pack.cancelled():
             break
-    for k in members:
+        top_up()  # places freed by pruned and finished members: claim waiting ones
+    for k in trainer.configs:
         if k in values:
             continue
         if k in trainer.pending:  # cancelled before its end
-            values[k] = Pruned(made[k], dict(last[k]) if k in last else None)
+            values[k] = Pruned(made.get(k, 0), dict(last[k]) if k in last else None)
         else:
             values[k] = trainer.result(k)
     return values
 
 
-def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping) -> Any:
+def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, most: int) -> Any:
     """A :class:`gpu.PackedTrainer` whose member count is tuned once per cluster: the scheduler
     remembers it (``set_metadata`` under :func:`gpu.packing.members_memo_key`, as ``gpu.train``
     remembers a tuned replica count), so one tuning serves every packed task of the same model,
-    data shapes, shared arguments and size, in this run and in later runs on the same cluster.
-    A lock per key makes packed tasks starting together wait for one tuning instead of each
-    measuring throughput while the others do (on shared cores they would disturb each other)."""
+    data shapes, shared arguments and group size, in this run and in later runs on the same
+    cluster. A lock per key makes packed tasks starting together wait for one tuning instead of
+    each measuring throughput while the others do (on shared cores they would disturb each other)."""
     from distributed import Lock, get_client
 
     from gpu.packing import PackedTrainer, members_memo_key
 
-    key = members_memo_key(model, data, shared, len(members))
+    key = members_memo_key(model, data, shared, most)
     if key is None:
-        return PackedTrainer(data, model, members, active="auto", publish=True, **shared)
+        return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
     client = get_client()
     with Lock(f"quiver-members-{key[-1]}"):
         memo = client.get_metadata(key, default=None)
         if memo is not None:
             return PackedTrainer(data, model, members, active=int(memo["active"]), tuning=memo["tuning"],
                                  publish=True, **shared)
-        trainer = PackedTrainer(data, model, members, active="auto", publish=True, **shared)
+        trainer = PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
         client.set_metadata(key, {"active": trainer.active_limit, "tuning": [list(p) for p in trainer.tuning]})
     return trainer
 
 
-def _deal(compiled: Any, groups: list[list[str]], slots: int) -> tuple[dict, dict]:
-    """The packed tasks and the member tasks that replace the packable ones."""
+def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple[dict, dict]:
+    """The packed tasks (``min(slots, members)`` per group, claiming members from one table at
+    run time) and the member tasks that replace the packable ones."""
     from dask.task_spec import Task, TaskRef
 
-    from gpu.packing import MEMBER_PARAMS, split_members
+    from gpu.packing import MEMBER_PARAMS
 
     from .keys import step_key
 
@@ -210,63 +264,67 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int) -> tuple[dict, dic
             for b in cp.inputs:
                 prunes[b.key] = cp.spec.prune
     new: dict[str, Any] = {}
-    before: dict[str, str] = {}  # member key -> its packed task's key
-    for keys in groups:
-        for part in split_members(keys, max(1, slots)):
-            first = compiled.graph[part[0]]
-            kw = dict(first.kwargs)
-            model = kw.pop("model")
-            shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
-            members = {k: {p: v for p, v in compiled.graph[k].kwargs.items() if p in MEMBER_PARAMS}
-                       for k in part}
-            data = first.args[0]
-            pkey = step_key(packed_train, {"members": tuple(part)}, (data.key,))
-            member_prunes = {}
-            for k in part:
-                own = _train_fn(compiled.graph[k].func)[1]
-                member_prunes[k] = prunes.get(k, own)
-            new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members,
-                             shared=shared, prunes=member_prunes)
-            for k in part:  # Iterative (around a plain function): the run still takes k for an iterative step
-                new[k] = Task(k, Iterative(member_value, member_prunes[k]), TaskRef(pkey), k)
-                before[k] = pkey
-    return new, before
+    packs_of: dict[str, list[str]] = {}  # member key -> its group's packed tasks
+    for g, keys in enumerate(groups):
+        first = compiled.graph[keys[0]]
+        kw = dict(first.kwargs)
+        model = kw.pop("model")
+        shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+        members = {k: {p: v for p, v in compiled.graph[k].kwargs.items() if p in MEMBER_PARAMS} for k in keys}
+        member_prunes = {k: prunes.get(k, _train_fn(compiled.graph[k].func)[1]) for k in keys}
+        data = first.args[0]
+        packs = [step_key(packed_train, {"members": tuple(keys), "pack": i}, (data.key,))
+                 for i in range(min(max(1, slots), len(keys)))]
+        for pkey in packs:  # the claim table's name is the run's: a later run of these keys starts afresh
+            new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members, shared=shared,
+                             prunes=member_prunes, claims=f"{run}-{g}", packs=tuple(packs))
+        for k in keys:  # Iterative (around a plain function): the run still takes k for an iterative step
+            new[k] = Task(k, Iterative(member_value, member_prunes[k]), k, *[TaskRef(p) for p in packs])
+            packs_of[k] = packs
+    return new, packs_of
 
 
-def _relineage(branch: Any, before: Mapping[str, str]) -> Any:
-    if not any(k in before for k in branch.lineage):
+def _relineage(branch: Any, packs_of: Mapping[str, list[str]]) -> Any:
+    if not any(k in packs_of for k in branch.lineage):
         return branch
     out: list[str] = []
     for k in branch.lineage:
-        p = before.get(k)
-        if p is not None and p not in out:
-            out.append(p)
+        for p in packs_of.get(k, ()):
+            if p not in out:
+                out.append(p)
         out.append(k)
     return replace(branch, lineage=tuple(out))
 
 
-def pack_compiled(compiled: Any, slots: int) -> Any:
+def pack_compiled(compiled: Any, slots: int, run: str | None = None) -> Any:
     """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
-    each group dealt into at most ``slots`` packed tasks (the cluster's worker threads).
+    each group becomes at most ``slots`` packed tasks (the cluster's worker threads) that claim
+    its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
+    a name unique to this run, a fresh one by default). ``compiled.packed``: ``{packed task:
+    its group's member keys}``; ``compiled.claim_tables``: the tables' names.
 
     >>> pack_compiled(compiled, slots=2)                                # doctest: +SKIP
     """
+    import uuid
+
     from .compiler import dependents_of
 
     groups = packable_groups(compiled.graph)
     if not groups:
         return compiled
-    new, before = _deal(compiled, groups, slots)
+    run = run or uuid.uuid4().hex
+    new, packs_of = _deal(compiled, groups, slots, run)
     graph = {}
-    for key, task in compiled.graph.items():  # a packed task goes just before its first member
-        p = before.get(key)
-        if p is not None and p not in graph:
-            graph[p] = new[p]
+    for key, task in compiled.graph.items():  # the packed tasks go just before their group's first member
+        for p in packs_of.get(key, ()):
+            if p not in graph:
+                graph[p] = new[p]
         graph[key] = new.get(key, task)
     compiled.graph = graph
-    compiled.branches = [_relineage(b, before) for b in compiled.branches]
+    compiled.branches = [_relineage(b, packs_of) for b in compiled.branches]
     for cp in compiled.chooses:
-        cp.inputs = [_relineage(b, before) for b in cp.inputs]
+        cp.inputs = [_relineage(b, packs_of) for b in cp.inputs]
     compiled.dependents = dependents_of(graph)
-    compiled.packed = {p: [k for k, q in before.items() if q == p] for p in dict.fromkeys(before.values())}
+    compiled.packed = {p: [k for k, ps in packs_of.items() if p in ps] for ps in packs_of.values() for p in ps}
+    compiled.claim_tables = [f"{run}-{g}" for g in range(len(groups))]
     return compiled

@@ -109,6 +109,12 @@ def run_node(
             exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
             restore_table(exc.table, compiled)
             raise
+        finally:
+            if getattr(compiled, "claim_tables", None):  # graph.claims: the packed tasks' tables, done with
+                from graph.claims import forget_claims
+
+                with contextlib.suppress(Exception):
+                    c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
@@ -116,7 +122,7 @@ def run_node(
     packed = getattr(compiled, "packed", None)
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)
-        record.stats["packed_branches"] = sum(len(m) for m in packed.values())
+        record.stats["packed_branches"] = len({k for m in packed.values() for k in m})
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None

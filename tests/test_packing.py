@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gpu
 import pipelines
-from gpu.packing import PackedTrainer, split_members, tune_members
+from gpu.packing import PackedTrainer, tune_members
 from graph.iterative import Pruned, ReportChannel
 from graph.packing import pack_compiled, packable_groups, packed_train
 from graph.pruning import Halving, Stop
@@ -146,15 +146,16 @@ def test_member_tuner_follows_crossbows_rule(rates, threshold):
     assert len(curve_) == min(best + 1, len(rates))  # stops at the first count that did not pay
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(), unique=True, max_size=30), st.integers(1, 6))
-def test_members_are_dealt_into_balanced_groups(names, groups):
-    out = split_members(names, groups)
-    assert sorted(x for g in out for x in g) == sorted(names)
-    assert len(out) == min(groups, len(names))
-    assert all(out) and max(map(len, out), default=0) - min(map(len, out), default=0) <= 1
-    for g in out:  # declaration order inside a group
-        assert g == sorted(g, key=names.index)
+def test_packed_ssgd_members_match_their_solo_runs(digits):
+    """S-SGD members (their k rows at one model, gradients averaged) report what their solo
+    gpu.train(algorithm="ssgd") runs report."""
+    shared = dict(SHARED, algorithm="ssgd")
+    members = {n: {k: v for k, v in p.items() if k != "alpha"} for n, p in MEMBERS.items()}
+    results = PackedTrainer(digits, MLP, members, **shared).run()
+    for name, params in members.items():
+        alone = gpu.train(digits, model=MLP, workers=1, **{**shared, **params})
+        assert_same_curves(results[name]["history"], alone["history"])
+        assert all(h["spread"] == 0.0 for h in results[name]["history"])  # the rows never part
 
 
 # ---- graph side: which branches pack -------------------------------------------------------------
@@ -170,6 +171,7 @@ def test_packable_groups_follow_the_rule():
     assert [len(g) for g in packable_groups(explore(momentum=[0.5, 0.9], alpha=[0.1, 0.3]).compile().graph)] == [8]
     assert [len(g) for g in packable_groups(explore(batch_size=[16, 32]).compile().graph)] == [2, 2]
     assert packable_groups(explore(replicas=["auto"]).compile().graph) == []  # tunes a solo run
+    assert [len(g) for g in packable_groups(explore(algorithm=["sma", "ssgd"]).compile().graph)] == [2, 2]
     assert packable_groups(explore(workers=[None]).compile().graph) == []  # a gang over the cluster
     assert packable_groups(explore(lr=[0.1]).compile().graph) == []  # one branch: nothing to pack
 
@@ -185,18 +187,21 @@ def test_graphs_with_collection_nodes_are_scanned_for_packing():
     assert [len(g) for g in packable_groups(graph)] == [2]
 
 
-def test_pack_compiled_keeps_member_keys_and_puts_the_packed_task_in_their_lineage():
+def test_pack_compiled_keeps_member_keys_and_puts_the_packed_tasks_in_their_lineage():
     compiled = explore(lr=[0.01, 0.03, 0.1]).choose("accuracy").compile()
     members = [b.key for b in compiled.chooses[0].inputs]
-    pack_compiled(compiled, slots=2)
+    pack_compiled(compiled, slots=2, run="r")
     packs = list(compiled.packed)
-    assert len(packs) == 2 and sorted(k for p in packs for k in compiled.packed[p]) == sorted(members)
+    # two packed tasks (one per worker thread), each able to train any member: they claim at run time
+    assert len(packs) == 2 and all(sorted(compiled.packed[p]) == sorted(members) for p in packs)
+    assert compiled.claim_tables == ["r-0"]
     for b in compiled.chooses[0].inputs:
-        p = next(p for p in packs if b.key in compiled.packed[p])
-        assert b.lineage.index(p) == b.lineage.index(b.key) - 1
-        assert compiled.graph[b.key].dependencies == {p}
-        assert b.key in compiled.dependents[p]
+        assert b.lineage[-3:] == (*packs, b.key)
+        assert compiled.graph[b.key].dependencies == set(packs)
+        assert all(b.key in compiled.dependents[p] for p in packs)
     assert all(compiled.graph[p].func is packed_train for p in packs)
+    assert {compiled.graph[p].kwargs["claims"] for p in packs} == {"r-0"}
+    assert pack_compiled(explore(lr=[0.01, 0.03]).compile(), slots=4).packed.keys().__len__() == 2  # <= members
 
 
 def test_run_refuses_a_bad_pack_option():
@@ -270,6 +275,81 @@ def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     assert "packed" in packed.table and "packed" not in alone.table  # members at once: as tuned (>= 1)
     assert (packed.stats["packed_groups"], packed.stats["packed_branches"]) == (2, 3)  # 3 branches, 2 threads
     assert "packed_groups" not in alone.stats
+
+def test_packed_tasks_claim_members_at_run_time(client, digits):
+    """A group's packed tasks share its members through one claim table (graph/claims.py): a
+    pack alone trains every member, one at a time, though its fair share was half (static
+    dealing gave it two); a pack starting after it finds nothing left and ends at once. Run
+    together, the two take every member exactly once."""
+    members = {f"c-{i}": dict(lr=lr, seed=i) for i, lr in enumerate((0.05, 0.1, 0.2, 0.02))}
+    prunes = {k: None for k in members}
+    shared = dict(SHARED, epochs=1)
+
+    def submit(key, table):
+        return client.submit(packed_train, digits, model=MLP, members=members, shared=shared, prunes=prunes,
+                             active=1, claims=table, packs=("pk-0", "pk-1"), key=key, pure=False)
+
+    first = submit("pk-0", "claims-alone").result(timeout=WAIT)
+    assert sorted(first) == sorted(members) and all(v["packed"] == 1 for v in first.values())
+    assert submit("pk-1", "claims-alone").result(timeout=WAIT) == {}
+    both = client.gather([submit("pk-0", "claims-both"), submit("pk-1", "claims-both")])
+    assert sorted(k for r in both for k in r) == sorted(members)  # each member once, by one pack
+    for k, v in {k: v for r in both for k, v in r.items()}.items():  # where it trained changes nothing
+        assert_same_curves(v["history"], first[k]["history"])
+
+
+def test_a_worker_killed_during_a_packed_pruning_exploration(tmp_path):
+    """SIGKILL the worker whose packed task has just reported: Dask reruns that packed task,
+    which takes back the members it had claimed (graph/claims.py) and retrains them from their
+    seeds; their replayed reports are not counted again, the rule holds on the run's arrivals,
+    every branch's history runs 1..n once and equals a prefix of its run alone, and the chosen
+    branch is the best of those that finished."""
+    import os
+    import signal
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    from tests.rule_check import check_rule
+
+    grid_ = explore(lr=[0.01, 0.03, 0.05, 0.1, 0.0003, 0.0001], epochs=[9])
+    node = grid_.choose("accuracy", prune=pipelines.halving(factor=3))
+    killed = []
+
+    def kill_a_reporting_pack(c, stop):
+        pids = c.run(os.getpid)
+        while not stop.is_set() and not killed:
+            reports = [m for _, m in c.get_events("quiver-report")]
+            if len(reports) >= 3:
+                worker = reports[-1]["worker"]
+                busy = c.processing().get(worker, ())
+                if any("packed_train" in str(k) for k in busy):
+                    os.kill(pids[worker], signal.SIGKILL)
+                    killed.append(worker)
+                    return
+            time.sleep(0.005)
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        stop = threading.Event()
+        killer = threading.Thread(target=kill_a_reporting_pack, args=(c, stop), daemon=True)
+        killer.start()
+        try:
+            result = node.run(c, pack=True, progress=False, quiet=True)
+        finally:
+            stop.set()
+            killer.join(5)
+        alone = grid_.choose("accuracy").run(c, pack=False, progress=False, quiet=True)
+    assert killed, "every packed task ended before a worker could be killed"
+    check_rule(result, factor=3)
+    assert result.stats["packed_groups"] == 2 and result.stats["reports_replayed"] > 0
+    assert result.stats["reports"] == result.table["iterations"].sum()  # no report counted twice
+    for h, full in zip(result.history, alone.history):
+        assert [r["epoch"] for r in h] == list(range(1, len(h) + 1))
+        assert [r["accuracy"] for r in h] == pytest.approx([r["accuracy"] for r in full[:len(h)]], abs=1e-6)
+    finished = result.table[result.table["status"] == "ok"]
+    assert result.value["accuracy"] == pytest.approx(finished["accuracy"].max())
+
 
 def cuda_mlp():
     return MLP().cuda()

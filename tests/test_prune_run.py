@@ -16,6 +16,7 @@ import pytest
 from pipelines import Pipeline, grid, halving
 from pipelines.export import payload
 from tests import prune_steps as ps
+from tests.rule_check import check_rule
 
 BEST = ("best", (0.6, 0.7, 0.75, 0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.91, 0.92, 0.93))
 CURVES = [
@@ -43,30 +44,6 @@ def closed_marks(log_dir, n, wait=20.0):
     while len(ps.events(log_dir, "closed")) < n and time.monotonic() < end:
         time.sleep(0.05)
     return dict(ps.events(log_dir, "closed"))
-
-
-def check_rule(result, factor):
-    """The run's rung decisions equal the rule written out on the run's own arrival order, no
-    branch is counted twice at a rung, and every branch stopped exactly where it was told."""
-    by_rung: dict = {}
-    for e in result.rungs:
-        by_rung.setdefault((e["group"], e["rung"]), []).append(e)
-    stopped_at = {}
-    for (group, rung), entries in by_rung.items():
-        assert len({e["input"] for e in entries}) == len(entries), "a branch counted twice at a rung"
-        there = []
-        for n, e in enumerate(entries, 1):
-            there.append((-e["metric"], e["input"]))
-            assert e["n"] == n
-            assert e["continued"] == (sorted(there).index((-e["metric"], e["input"])) < max(1, n // factor))
-            if not e["continued"]:
-                stopped_at[e["input"]] = e["iteration"]
-    for i, row in result.table.iterrows():
-        if i in stopped_at:
-            assert row["status"] == "pruned" and row["iterations"] == stopped_at[i]
-        else:
-            assert row["status"] in ("ok", "failed", "cancelled"), row["status"]
-    return stopped_at
 
 
 def test_scripted_curves_are_pruned_at_the_rungs_of_the_rule_and_free_their_workers(client, tmp_path, capsys):

@@ -18,14 +18,15 @@ Methods (each at its documented best on this machine):
 * ``quiver_exhaustive`` (a): ``explore(grid(train_mlp, ...)).choose("accuracy")``, every branch to the end.
 * ``quiver_halving`` (b): the same with ``choose(..., prune=halving(factor=3, min_iter=1, max_iter=12))``.
 * ``quiver_gpu_packed`` (c): ``gpu.train`` branches pruned by the same ``halving`` and packed
-  several per worker. Packing trains SMA only (docs/architecture.md §7.3), so these are
-  ``algorithm="sma"`` with ``replicas=1`` (one replica per member: momentum SGD on the replica,
+  several per worker: the example's ``gpu.train`` exploration, ``algorithm="sma"`` with ``replicas=1`` (one replica per member: momentum SGD on the replica,
   momentum 0.9, no weight decay, pulled towards a central model ``z`` with ``alpha=0.1`` and
   central momentum 0.9; the accuracy is ``z``'s), ``workers=1``.
 * ``quiver_gpu_halving``: the same without packing (``run(pack=False)``), for comparison.
 * ``quiver_gpu_ssgd_halving``: ``gpu.train`` with ``algorithm="ssgd"``, ``replicas=1``: S-SGD
   over one replica is exactly ``torch.optim.SGD(lr, momentum=0.9)`` (``gpu.sma.ssgd_update``),
-  with ``train_mlp``'s initial weights and batch order; S-SGD is not packable.
+  with ``train_mlp``'s initial weights and batch order, not packed (``run(pack=False)``).
+* ``quiver_gpu_ssgd_packed`` (c'): the same, pruned and packed: the baselines' own algorithm
+  (momentum SGD) trained several branches per worker.
 * ``optuna_sha`` (d): Optuna ``GridSampler`` + ``SuccessiveHalvingPruner(min_resource=1,
   reduction_factor=3)``, ``n_jobs=2`` (Optuna's own parallelism: threads in this process),
   ``trial.report`` / ``trial.should_prune`` every epoch.
@@ -121,11 +122,14 @@ def summarise(trials: list[dict], epochs: int) -> dict:
 
 
 GPU_ALGORITHM = {
-    # packing trains SMA groups only (docs/architecture.md §7.3): one replica per member, no weight decay
+    # the example's gpu.train exploration: SMA, one replica per member, no weight decay
     "quiver_gpu_packed": "sma", "quiver_gpu_halving": "sma",
-    # S-SGD over one replica is exactly torch.optim.SGD(lr, momentum=0.9) (gpu.sma.ssgd_update); not packable
-    "quiver_gpu_ssgd_halving": "ssgd",
+    # S-SGD over one replica is exactly torch.optim.SGD(lr, momentum=0.9) (gpu.sma.ssgd_update): the
+    # baselines' own algorithm, packed (docs/architecture.md §7.3) or not
+    "quiver_gpu_ssgd_halving": "ssgd", "quiver_gpu_ssgd_packed": "ssgd",
 }
+#: the rows whose run packs its gpu.train branches (the others run pack=False)
+PACKED = ("quiver_gpu_packed", "quiver_gpu_ssgd_packed")
 
 
 def quiver_node(kind: str, size: dict):
@@ -180,7 +184,7 @@ def quiver_run(kind: str, size: dict) -> dict:
         if warm:
             t0 = time.perf_counter()
         started = time.perf_counter() - t0
-        result = node.run(client, progress=False, quiet=True, pack=kind == "quiver_gpu_packed")
+        result = node.run(client, progress=False, quiet=True, pack=kind in PACKED)
         wall = time.perf_counter() - t0
     table = result.table
     lr_col = "train.lr"
@@ -315,9 +319,11 @@ METHODS = {
     "quiver_halving": ("(b) Quiver, halving(3)", quiver_run),
     "quiver_gpu_packed": ("(c) Quiver gpu.train SMA, halving + packing", quiver_run),
     "quiver_gpu_halving": ("    gpu.train SMA, halving, no packing", quiver_run),
-    "quiver_gpu_ssgd_halving": ("    gpu.train S-SGD, halving (not packable)", quiver_run),
+    "quiver_gpu_ssgd_halving": ("    gpu.train S-SGD, halving, no packing", quiver_run),
+    "quiver_gpu_ssgd_packed": ("(c') gpu.train S-SGD, halving + packing", quiver_run),
     "quiver_halving_warm": ("(b) same, warm cluster", quiver_run),
     "quiver_gpu_packed_warm": ("(c) same, warm cluster", quiver_run),
+    "quiver_gpu_ssgd_packed_warm": ("(c') same, warm cluster", quiver_run),
     "optuna_sha": ("(d) Optuna SuccessiveHalving", optuna_run),
     "ray_asha": ("(e) Ray Tune ASHA", ray_run),
     "ray_exhaustive": ("(f) Ray Tune, no scheduler", ray_run),

@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import grad_and_value, vmap
 
 from .algorithms import Timer
 from .engine import TrainConfig, _measure, _own_rng
@@ -160,7 +159,6 @@ class PackedGroup:
         self.W = torch.zeros(0, n, device=self.fm.device, dtype=self.fm.dtype)
         self.U, self.Wbar = self.W.clone(), self.W.clone()
         self.timer = Timer()
-        self._grad = vmap(grad_and_value(self.fm.loss), in_dims=(0, 0, 0), randomness="different")
 
     @property
     def replicas(self) -> int:
@@ -186,8 +184,7 @@ class PackedGroup:
     def step(self, x: Tensor, y: Tensor) -> Tensor:
         t0 = time.perf_counter()
         x, y = self.fm.inputs(x, y, self.replicas)
-        grads, losses = self._grad(self.fm.layout.views(self.W), x, y)
-        G = self.fm.layout.flatten_grads(grads, self.replicas)
+        G, losses = self.fm.row_grads(self.W, x, y)
         for i, m in enumerate(self.members):  # per member block, with its own hyper-parameters
             W, U = self.block(self.W, i), self.block(self.U, i)
             m.state.steps += 1

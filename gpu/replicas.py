@@ -3,7 +3,9 @@
 The replicas' weights live in one flat tensor ``weights`` ``[k, n]`` (momenta ``[k, n]``,
 central model ``z`` ``[n]``), the layout :mod:`gpu.sma` works on; the model's parameters
 are views into it (``torch.func.functional_call``), and per-replica gradients come from
-``torch.func.vmap(torch.func.grad(...))``. Inputs are stacked per replica: ``x`` ``[k, b, ...]``,
+``torch.func.vmap(torch.func.grad(...))``, or, for a plain ReLU MLP with cross-entropy, from
+batched matrix products and one autograd pass (the same gradients, without vmap's per-call cost;
+``_FunctionalModel.row_grads`` owns the choice). Inputs are stacked per replica: ``x`` ``[k, b, ...]``,
 ``y`` ``[k, b]``. Everything runs on the device of the model's parameters (CPU or CUDA).
 
 One training round, alone or across workers (``allreduce`` sums ``[n]`` over workers)::
@@ -117,8 +119,63 @@ def _check_model(model: nn.Module, who: str) -> None:
             )
 
 
+def _stacked_layers(model: nn.Module, loss_fn: Any, layout: ParamLayout) -> list | None:
+    """The layers of a plain ReLU MLP trained with cross-entropy, as ``("flatten",)``,
+    ``("relu",)`` and ``("linear", weight name, bias name or None)`` (``layout``'s names);
+    ``None`` for any other model or loss (they take ``vmap``)."""
+    from .models import MLP
+
+    if loss_fn is not nn.functional.cross_entropy:
+        return None
+    if type(model) is MLP:
+        seq, prefix = model.net, "net."
+    elif type(model) is nn.Sequential:
+        seq, prefix = model, ""
+    else:
+        return None
+    offsets = set(layout.names)
+    covered: set = set()
+    plan: list = []
+    for i, layer in enumerate(seq):
+        if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
+            plan.append(("flatten",))
+        elif type(layer) is nn.ReLU:
+            plan.append(("relu",))
+        elif type(layer) is nn.Linear:
+            w, b = f"{prefix}{i}.weight", f"{prefix}{i}.bias"
+            if w not in offsets or (layer.bias is not None and b not in offsets):
+                return None
+            covered |= {w, b} if layer.bias is not None else {w}
+            plan.append(("linear", w, b if layer.bias is not None else None))
+        else:
+            return None
+    if covered != set(layout.names):
+        return None  # parameters the plan does not cover (registered elsewhere in the module)
+    return plan
+
+
+def _stacked_loss(plan: list, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    """Each row's mean cross-entropy ``[R]`` for the MLP ``plan``, row ``r``'s parameters
+    (``params``: ``[R, *shape]`` each) on ``x[r]`` ``[b, ...]``, ``y[r]`` ``[b]``: one batched
+    product per layer for all rows."""
+    R, b = x.shape[0], x.shape[1]
+    h = x
+    for step in plan:
+        if step[0] == "flatten":
+            h = h.reshape(R, b, -1)
+        elif step[0] == "relu":
+            h = h.relu()
+        elif step[2] is None:
+            h = torch.bmm(h, params[step[1]].transpose(1, 2))
+        else:
+            h = torch.baddbmm(params[step[2]].unsqueeze(1), h, params[step[1]].transpose(1, 2))
+    per_sample = nn.functional.cross_entropy(h.reshape(R * b, -1), y.reshape(R * b), reduction="none")
+    return per_sample.view(R, b).mean(dim=1)
+
+
 class _FunctionalModel:
-    """The shared machinery: a template module, its layout, its loss, evaluation."""
+    """The shared machinery: a template module, its layout, its loss, per-row gradients
+    (:meth:`row_grads`), evaluation."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn | None, who: str) -> None:
         _check_model(model, who)
@@ -132,8 +189,32 @@ class _FunctionalModel:
         first = next(self.template.parameters())
         self.device, self.dtype = first.device, first.dtype
 
+        self._stacked = _stacked_layers(self.template, self.loss_fn, self.layout)
+        self._vmap_grad = vmap(grad_and_value(self.loss), in_dims=(0, 0, 0), randomness="different")
+
     def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.template, (params, self._buffers), (x,))
+
+    def row_grads(self, W: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's loss gradient ``[R, n]`` and loss ``[R]``: row ``r`` of ``W`` ``[R, n]`` on its
+        own batch ``x[r]``, ``y[r]`` (inputs checked by :meth:`inputs`).
+
+        The one owner of per-row gradients for every group (replicas, S-SGD, packed members).
+        A plain ReLU MLP with cross-entropy (``gpu.MLP``, or an ``nn.Sequential`` of ``Flatten``,
+        ``Linear`` and ``ReLU``) takes batched matrix products and one autograd pass over all
+        rows (:func:`_stacked_loss`): the same gradients as ``vmap(grad(functional_call))``
+        without its per-call cost (~1 ms a step on a CPU core, more than the MLP's arithmetic
+        at batch 16; ``benchmarks/packing.py``). Any other model goes through ``vmap``.
+        """
+        if self._stacked is None:
+            grads, losses = self._vmap_grad(self.layout.views(W), x, y)
+            return self.layout.flatten_grads(grads, W.shape[0]), losses.detach()
+        with torch.enable_grad():  # one leaf per parameter: a gradient into views of one [R, n]
+            # leaf would add a zero-filled [R, n] per parameter (slower than vmap at 12 rows)
+            leaves = [v.detach().requires_grad_(True) for v in self.layout.views(W.detach()).values()]
+            losses = _stacked_loss(self._stacked, dict(zip(self.layout.names, leaves)), x, y)
+            grads = torch.autograd.grad(losses.sum(), leaves)
+        return torch.cat([g.reshape(W.shape[0], -1) for g in grads], dim=1), losses.detach()
 
     def loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         return self.loss_fn(self.forward(params, x), y)
@@ -212,7 +293,6 @@ class ReplicaGroup:
         self.momenta: Tensor = torch.zeros_like(self.weights)
         self._wbar: Tensor = self.weights.clone()
         self.state = SMAState.from_weights(w0)
-        self._grad = vmap(grad_and_value(self._fm.loss), in_dims=(0, 0, 0), randomness="different")
 
     # --- shape and placement -------------------------------------------------------------
     @property
@@ -247,8 +327,7 @@ class ReplicaGroup:
     def gradients(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Per-replica loss gradients ``[k, n]`` and losses ``[k]`` at the current weights."""
         x, y = self._fm.inputs(x, y, self.replicas)
-        grads, losses = self._grad(self._fm.layout.views(self.weights), x, y)
-        return self._fm.layout.flatten_grads(grads, self.replicas), losses.detach()
+        return self._fm.row_grads(self.weights, x, y)
 
     def local_step(self, x: Tensor, y: Tensor) -> Tensor:
         """Every replica takes one momentum-SGD step on its own batch; returns losses ``[k]``."""
@@ -358,7 +437,6 @@ class SSGDGroup:
         self.config = config or SMAConfig()
         self.weights: Tensor = self._fm.layout.flatten(self._fm.template)
         self.momentum: Tensor = torch.zeros_like(self.weights)
-        self._grad = vmap(grad_and_value(self._fm.loss), in_dims=(None, 0, 0), randomness="different")
 
     @property
     def num_params(self) -> int:
@@ -371,8 +449,7 @@ class SSGDGroup:
     def gradients(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Per-replica gradients ``[k, n]`` and losses ``[k]``, all at the single model."""
         x, y = self._fm.inputs(x, y, self.replicas)
-        grads, losses = self._grad(self._fm.layout.views(self.weights), x, y)
-        return self._fm.layout.flatten_grads(grads, self.replicas), losses.detach()
+        return self._fm.row_grads(self.weights.expand(self.replicas, -1), x, y)
 
     def train_step(
         self, x: Tensor, y: Tensor, allreduce: AllReduce | None = None, world_replicas: int | None = None

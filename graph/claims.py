@@ -19,6 +19,16 @@ Rules:
 - ``fair=True`` (a pack filling its first places) takes at most its share of what is unclaimed,
   ``ceil(unclaimed / (packs not started yet + 1))``, so the pack that starts first does not take
   every member while another worker thread is about to start a pack of its own.
+- **Take-over** (``horizon=``: each member's most iterations): a pack that holds no unfinished
+  member and finds none unclaimed takes one over from a pack holding two or more unfinished
+  members: the one that has made the fewest iterations (ties to the later-declared), and only
+  while replaying what it has made costs less than what is left (``2 * made < horizon``). It
+  retrains the member from its seed (a replay: the run counts no report twice, and every rung
+  answer is already given); the old owner learns of it from :func:`progress` at its next epoch
+  and drops the member. So survivors of a rung spread over idle worker threads instead of
+  sharing one. A pack that holds an unfinished member never takes one over (no ping-pong).
+- :func:`progress` records, per pack, how many iterations each member has made and which are
+  finished (trained out or pruned: never taken over), and returns the members it lost.
 
 >>> t = {}
 >>> claim(t, "p0", 0, ["a", "b", "c", "d"], ["p0", "p1"], want=1)
@@ -29,24 +39,32 @@ Rules:
 ['d']
 >>> claim(t, "p0", 1, ["a", "b", "c", "d"], ["p0", "p1"], want=1)  # p0 restarted: its members again
 ['a', 'b', 'c']
+>>> progress(t, "p1", made={"d": 12}, done=["d"])                  # p1 trained d out: nothing lost
+[]
+>>> claim(t, "p1", 0, ["a", "b", "c", "d"], ["p0", "p1"], want=1, horizon=dict.fromkeys("abcd", 12))
+['c']
+>>> progress(t, "p0", made={"a": 2, "b": 2, "c": 2}, done=[])      # p1 took c over
+['c']
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["claim", "claim_on_scheduler", "forget_claims"]
+__all__ = ["claim", "claim_on_scheduler", "forget_claims", "progress", "takeovers_on_scheduler"]
 
 _NONE = object()
 
 
 def claim(table: dict, pack: Hashable, attempt: Hashable, order: Sequence[Hashable], packs: Sequence[Hashable],
-          want: int, fair: bool = False) -> list:
+          want: int, fair: bool = False, horizon: Mapping[Hashable, int] | None = None) -> list:
     """Claim up to ``want`` unclaimed members of ``order`` for ``pack`` (``table`` is updated in
     place); returns the members ``pack`` now gets: on the first call of a new ``attempt`` the ones
     it had claimed before, then new ones (``attempt``: any id, new for each run of the
-    pack, e.g. ``graph.iterative``'s task attempt). ``packs``: every pack of the group (for ``fair``)."""
+    pack, e.g. ``graph.iterative``'s task attempt). ``packs``: every pack of the group (for ``fair``).
+    ``horizon`` (each member's most iterations): when nothing is unclaimed, an idle pack takes
+    one member over (module docstring)."""
     owner: dict = table.setdefault("owner", {})
     attempts: dict = table.setdefault("attempt", {})
     out: list = []
@@ -61,18 +79,75 @@ def claim(table: dict, pack: Hashable, attempt: Hashable, order: Sequence[Hashab
     for k in free[:n]:
         owner[k] = pack
         out.append(k)
+    if horizon is not None and want > 0 and not out and not free:
+        taken = _take_over(table, pack, order, horizon)
+        if taken is not None:
+            out.append(taken)
     return out
 
 
-def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, **kwargs: Any) -> list:
-    """:func:`claim` on the table ``name`` in the scheduler's task metadata, run by
-    ``client.run_on_scheduler`` (the scheduler runs it in its event loop: no two claims interleave)."""
+def _take_over(table: dict, pack: Hashable, order: Sequence[Hashable], horizon: Mapping[Hashable, int]) -> Any:
+    owner: dict = table.setdefault("owner", {})
+    done: dict = table.setdefault("done", {})
+    made: dict = table.setdefault("made", {})
+    held: dict = {}
+    for k in order:
+        if k in owner and k not in done:
+            held[owner[k]] = held.get(owner[k], 0) + 1
+    if held.get(pack):  # it still trains a member of its own
+        return None
+    given_up = {k for k, old, _, _ in table.get("takeovers", ()) if old == pack}  # a member moves once per pack
+    best = None
+    for k in order:
+        p = owner.get(k)
+        if p is None or p == pack or k in done or held.get(p, 0) < 2 or k in given_up:
+            continue
+        if 2 * made.get(k, 0) >= horizon.get(k, 0):  # replaying would cost more than what is left
+            continue
+        if best is None or made.get(k, 0) <= made.get(best, 0):  # fewest made; ties to the later-declared
+            best = k
+    if best is not None:
+        table.setdefault("takeovers", []).append((best, owner[best], pack, made.get(best, 0)))
+        owner[best] = pack
+        made[best] = 0
+    return best
+
+
+def progress(table: dict, pack: Hashable, made: Mapping[Hashable, int], done: Iterable[Hashable] = ()) -> list:
+    """Record what ``pack`` has trained (``made``: iterations per member it trains; ``done``: members
+    it trained out or saw pruned) and return the members of ``made`` it no longer owns (taken over:
+    drop them). Only the owner's word counts."""
+    owner: dict = table.setdefault("owner", {})
+    table_made: dict = table.setdefault("made", {})
+    table_done: dict = table.setdefault("done", {})
+    lost = [k for k in made if owner.get(k) != pack]
+    for k, n in made.items():
+        if owner.get(k) == pack:
+            table_made[k] = n
+    for k in done:
+        if owner.get(k) == pack:
+            table_done[k] = True
+    return lost
+
+
+def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping | None = None,
+                       done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
+    """:func:`progress` (when ``made`` is given) then :func:`claim` on the table ``name`` in the
+    scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
+    event loop: no two calls interleave). Returns ``(lost, claimed)``: one round trip per epoch."""
     keys = ["quiver", "claims", name]
     table = dask_scheduler.get_metadata(keys=keys, default=None)
     if table is None:
         table = {}
         dask_scheduler.set_metadata(keys=keys, value=table)
-    return claim(table, **kwargs)
+    lost = progress(table, kwargs["pack"], made, done) if made is not None else []
+    return lost, claim(table, **kwargs)
+
+
+def takeovers_on_scheduler(dask_scheduler: Any = None, *, names: Sequence[str]) -> int:
+    """How many members were taken over in the tables ``names`` (a run's ``stats["packed_takeovers"]``)."""
+    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
+    return sum(len(tables.get(n, {}).get("takeovers", ())) for n in names)
 
 
 def forget_claims(dask_scheduler: Any = None, *, names: Sequence[str]) -> None:

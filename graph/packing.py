@@ -129,16 +129,17 @@ class _MemberTask(_Task):
         return self._pack.cancelled()
 
 
-def _claimer(pack: _Task, claims: str | None, order: list, packs: list) -> Any:
-    """``claim(want, fair) -> [member keys]`` for this packed task: from the group's table on
-    the scheduler (``graph.claims``) inside a run; every member at once otherwise."""
+def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon: dict) -> Any:
+    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.claims.progress`
+    (what it has trained, what it lost to a take-over) and :func:`graph.claims.claim` on the
+    group's table on the scheduler, one round trip, inside a run; every member at once otherwise."""
     if claims is None or pack.worker is None:
         left = list(order)
 
-        def take(want: int, fair: bool = False) -> list:
+        def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list]:
             out = list(left)
             left.clear()
-            return out
+            return [], out
 
         return take
     from distributed import get_client
@@ -147,11 +148,21 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list) -> Any:
 
     client = get_client()
 
-    def take(want: int, fair: bool = False) -> list:
-        return client.run_on_scheduler(claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt,
-                                       order=order, packs=packs, want=want, fair=fair)
+    def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list]:
+        lost, got = client.run_on_scheduler(claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt,
+                                            order=order, packs=packs, want=want, fair=fair, horizon=horizon,
+                                            made=made, done=list(done))
+        return list(lost), list(got)
 
     return take
+
+
+def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None) -> int:
+    """A member's most epochs: its ``epochs`` (or the group's), cut by its pruning rule's ``max_iter``."""
+    epochs = int(own.get("epochs", shared.get("epochs", 1)))
+    if prune is not None and prune.max_iter is not None:
+        epochs = min(epochs, int(prune.max_iter))
+    return epochs
 
 
 def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], shared: Mapping,
@@ -164,14 +175,16 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
 
     ``claims``: the name of the group's claim table (``graph.claims``; ``packs``: the group's
     packed task keys): the task claims members as it has places (at its start and whenever a
-    member leaves), so the group's packed tasks share its members at run time. Without it (or
-    outside a Dask task) it trains every member of ``members``."""
+    member leaves), takes one over from a busier pack of its group when it would otherwise end
+    idle, and drops a member another pack took over; so the group's packed tasks share its
+    members at run time. Without it (or outside a Dask task) it trains every member of ``members``."""
     from gpu.packing import PackedTrainer
 
     pack = _Task()
-    take = _claimer(pack, claims, list(members), list(packs))
-    first = take(1)
-    if not first:  # the group's other packed tasks took every member
+    horizon = {k: _horizon(members[k], shared, prunes.get(k)) for k in members}
+    take = _claimer(pack, claims, list(members), list(packs), horizon)
+    _, first = take(1)
+    if not first:  # the group's other packed tasks hold every member, and none can be taken over
         return {}
     mine = {k: members[k] for k in first}
     if active == "auto" and pack.worker is not None:
@@ -179,17 +192,25 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     else:
         trainer = PackedTrainer(data, model, mine, active=active, publish=True, most=len(members), **shared)
     tasks: dict[str, _MemberTask] = {}
-
-    def top_up(fair: bool = False) -> None:
-        room = trainer.active_limit - len(trainer.pending)
-        if room > 0:
-            for k in take(room, fair):
-                trainer.add(k, members[k])
-
-    top_up(fair=True)
     made: dict[str, int] = {}
     last: dict[str, dict] = {}
     values: dict[str, Any] = {}
+    ended: list[str] = []  # trained out or pruned since the last call: never taken over
+    lost: set[str] = set()  # taken over by another pack: it trains them, this one drops them
+
+    def sync(fair: bool = False) -> None:
+        room = max(0, trainer.active_limit - len(trainer.pending))
+        gone, got = take(room, fair, made={k: made.get(k, 0) for k in trainer.pending}, done=tuple(ended))
+        ended.clear()
+        for k in gone:
+            lost.add(k)
+            values.pop(k, None)
+            if k in trainer.pending:
+                trainer.remove(k)
+        for k in got:
+            trainer.add(k, members[k])
+
+    sync(fair=True)
     while trainer.active:
         reports = trainer.epoch()
         gated = []
@@ -211,11 +232,12 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
                 values[k] = Pruned(n, dict(last[k]))
                 if k in trainer.pending:
                     trainer.remove(k)
+        ended.extend(k for k in reports if k not in trainer.pending)
         if pack.cancelled():
             break
-        top_up()  # places freed by pruned and finished members: claim waiting ones
+        sync()  # places freed by pruned and finished members: claim waiting ones (or take one over)
     for k in trainer.configs:
-        if k in values:
+        if k in values or k in lost:
             continue
         if k in trainer.pending:  # cancelled before its end
             values[k] = Pruned(made.get(k, 0), dict(last[k]) if k in last else None)

@@ -110,9 +110,12 @@ def run_node(
             restore_table(exc.table, compiled)
             raise
         finally:
+            takeovers = None
             if getattr(compiled, "claim_tables", None):  # graph.claims: the packed tasks' tables, done with
-                from graph.claims import forget_claims
+                from graph.claims import forget_claims, takeovers_on_scheduler
 
+                with contextlib.suppress(Exception):
+                    takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
                 with contextlib.suppress(Exception):
                     c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
@@ -123,6 +126,8 @@ def run_node(
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)
         record.stats["packed_branches"] = len({k for m in packed.values() for k in m})
+        if takeovers is not None:  # members an idle packed task took over from a busier one
+            record.stats["packed_takeovers"] = takeovers
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     if record.single:
         value = record.values[0] if record.values else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.claims import claim
+from graph.claims import claim, progress
 
 ORDER = ["a", "b", "c", "d", "e"]
 PACKS = ["p0", "p1"]
@@ -75,6 +75,112 @@ def test_no_member_is_trained_by_two_live_packs_and_none_is_lost(schedule):
         assert all(t["owner"][k] == p for k, p in owners.items())
     # packs that keep claiming until nothing comes take every member, each by exactly one pack
     for pack in packs:
+        while claim(t, pack, attempt[pack], order, packs, want=3):
+            pass
+    assert sorted(t.get("owner", {})) == sorted(order)
+
+
+# ---- take-over: an idle pack takes a member from a busier one (replayed from its seed) -----------
+H = dict.fromkeys(ORDER, 12)  # every member's most epochs
+
+
+def test_an_idle_pack_takes_over_the_least_trained_member_of_a_busier_pack():
+    t: dict = {}
+    assert claim(t, "p0", "x", ORDER[:3], PACKS, want=3) == ["a", "b", "c"]
+    assert progress(t, "p0", made={"a": 3, "b": 1, "c": 2}) == []
+    # p1 starts with nothing unclaimed: it takes b (fewest epochs made, so the least to replay)
+    assert claim(t, "p1", "y", ORDER[:3], PACKS, want=1, horizon=H) == ["b"]
+    assert t["owner"]["b"] == "p1" and t["takeovers"] == [("b", "p0", "p1", 1)]
+    # p0 learns it at its next epoch, and drops b; p1 trains b from epoch 0
+    assert progress(t, "p0", made={"a": 4, "b": 2, "c": 3}) == ["b"]
+    assert progress(t, "p1", made={"b": 1}) == []
+    assert t["made"] == {"a": 4, "b": 1, "c": 3}
+
+
+def test_ties_go_to_the_later_declared_and_finished_members_stay():
+    t: dict = {}
+    claim(t, "p0", "x", ORDER[:3], PACKS, want=3)
+    progress(t, "p0", made={"a": 2, "b": 2, "c": 2}, done=["c"])  # c trained out (or was pruned)
+    assert claim(t, "p1", "y", ORDER[:3], PACKS, want=1, horizon=H) == ["b"]  # a and b tie: the later one
+
+
+def test_no_take_over_when_it_would_not_pay_or_would_leave_a_pack_idle():
+    t: dict = {}
+    claim(t, "p0", "x", ORDER[:2], PACKS, want=2)
+    progress(t, "p0", made={"a": 6, "b": 7})
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H) == []  # 2 * made >= 12: replaying costs more
+    progress(t, "p0", made={"a": 6, "b": 5})
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1) == []  # no horizon: no take-over
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=0, horizon=H) == []  # no room
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H) == ["b"]
+    # p0 is left with a alone: nobody takes a pack's last unfinished member
+    assert claim(t, "p2", "z", ORDER[:2], ["p0", "p1", "p2"], want=1, horizon=H) == []
+
+
+def test_a_pack_with_a_member_of_its_own_takes_nothing_over_and_nothing_moves_back():
+    t: dict = {}
+    claim(t, "p0", "x", ORDER[:3], PACKS, want=2)  # a, b
+    claim(t, "p1", "y", ORDER[:3], PACKS, want=1)  # c
+    assert claim(t, "p1", "y", ORDER[:3], PACKS, want=1, horizon=H) == []  # p1 still trains c
+    progress(t, "p1", made={"c": 1}, done=["c"])
+    assert claim(t, "p1", "y", ORDER[:3], PACKS, want=1, horizon=H) == ["b"]
+    progress(t, "p0", made={"a": 1}, done=["a"])
+    claim(t, "p1", "y", ORDER[:3], PACKS, want=1)  # nothing
+    # p0 is idle now and p1 holds b alone: b does not move back (nor would it, from a pack holding one)
+    assert claim(t, "p0", "x", ORDER[:3], PACKS, want=1, horizon=H) == []
+
+
+@st.composite
+def busy_schedules(draw):
+    """Claims with take-overs, progress reports (epochs made, members ending) and restarts."""
+    order = [f"m{i}" for i in range(draw(st.integers(1, 8)))]
+    packs = [f"p{i}" for i in range(draw(st.integers(1, 4)))]
+    calls = draw(st.lists(st.tuples(st.sampled_from(packs), st.sampled_from(["claim", "epoch", "end", "restart"]),
+                                    st.integers(0, 3)), max_size=60))
+    return order, packs, calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(busy_schedules())
+def test_take_overs_keep_one_trainer_per_member_and_only_empty_busier_packs(schedule):
+    order, packs, calls = schedule
+    horizon = dict.fromkeys(order, 6)
+    t: dict = {}
+    attempt = {p: 0 for p in packs}
+    holds: dict = {p: {} for p in packs}  # pack -> {member: epochs made} that its attempt trains
+    ended: set = set()
+    for pack, op, n in calls:
+        if op == "restart":
+            attempt[pack] += 1
+            holds[pack] = {}
+        elif op == "epoch":
+            for k in holds[pack]:
+                if k not in ended:
+                    holds[pack][k] += 1
+            lost = progress(t, pack, made=dict(holds[pack]))
+            for k in lost:
+                assert t["owner"][k] != pack
+                del holds[pack][k]
+        elif op == "end" and holds[pack]:
+            k = sorted(holds[pack])[n % len(holds[pack])]
+            ended.add(k)
+            progress(t, pack, made=dict(holds[pack]), done=[k])
+        else:
+            before = dict(t.get("owner", {}))
+            busy = {p: sum(1 for k, q in before.items() if q == p and k not in t.get("done", {})) for p in packs}
+            made = dict(t.get("made", {}))
+            got = claim(t, pack, attempt[pack], order, packs, want=n, horizon=horizon)
+            for k in got:
+                if before.get(k) not in (None, pack):  # taken over
+                    assert busy[pack] == 0 and busy[before[k]] >= 2 and 2 * made.get(k, 0) < 6
+                    assert len(got) == 1 and k not in ended
+                holds[pack][k] = 0
+        # the table names one owner per member; a pack holding a member it does not own lost it to a
+        # take-over, and drops it at its next epoch (progress says so, checked above)
+        taken = {(k, old) for k, old, _, _ in t.get("takeovers", ())}
+        for p, ks in holds.items():
+            assert all(t["owner"][k] == p or (k, p) in taken for k in ks)
+    for pack in packs:  # packs that keep claiming take every member, each owned by exactly one pack
         while claim(t, pack, attempt[pack], order, packs, want=3):
             pass
     assert sorted(t.get("owner", {})) == sorted(order)

@@ -207,7 +207,8 @@ def quiver_run(kind: str, size: dict) -> dict:
     return {"wall_s": wall, "cluster_start_s": started, "trials": trials,
             "chosen": {"lr": float(chosen[lr_col]), "batch": int(chosen[batch_col]), "accuracy": float(chosen["accuracy"])},
             "stats": {k: stats.get(k) for k in ("wall_seconds", "time_to_first_rung_s", "busy_fraction", "reports", "rungs",
-                                                "pruned_branches", "executed_tasks", "branches", "packed_groups")}}
+                                                "pruned_branches", "executed_tasks", "branches", "packed_groups",
+                                                "packed_takeovers", "reports_replayed")}}
 
 
 # --------------------------------------------------------------------------------------- Optuna

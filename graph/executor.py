@@ -95,6 +95,7 @@ class ExplorationDriver:
         budget: BudgetedRun | None = None,
         depth_first: bool = True,
         poll: float = 0.25,
+        placement: dict[str, str] | None = None,
     ):
         self.state = state
         self.client = client
@@ -102,6 +103,7 @@ class ExplorationDriver:
         self.publisher = publisher
         self.budget = budget
         self.depth_first = depth_first  # False: no priorities, Dask's own ordering (for comparison)
+        self.placement = dict(placement or {})  # task -> worker: loose restrictions (graph.packing.place_packs)
         self.poll = poll
         self.futures: dict[str, Future] = {}
         self.events: queue.Queue = queue.Queue()
@@ -235,9 +237,16 @@ class ExplorationDriver:
     def _submit(self, ins: Submit) -> None:
         if self.started is None:
             self.started = time.perf_counter()
-        annotations = {"priority": dict(ins.priority).__getitem__} if self.depth_first else None
-        layer = MaterializedLayer(dict(ins.tasks), annotations=annotations)
-        hlg = HighLevelGraph({f"quiver-{uuid.uuid4().hex[:8]}": layer}, {})
+        base = {"priority": dict(ins.priority).__getitem__} if self.depth_first else {}
+        placed = {k: t for k, t in ins.tasks.items() if k in self.placement}
+        rest = {k: t for k, t in ins.tasks.items() if k not in placed}
+        layers = {}
+        if rest:
+            layers[f"quiver-{uuid.uuid4().hex[:8]}"] = MaterializedLayer(rest, annotations=base or None)
+        if placed:  # packed tasks: each on its worker thread (anywhere, if that worker is gone)
+            where = {**base, "workers": self.placement.__getitem__, "allow_other_workers": True}
+            layers[f"quiver-{uuid.uuid4().hex[:8]}"] = MaterializedLayer(placed, annotations=where)
+        hlg = HighLevelGraph(layers, {})
         hlg.dependencies = {name: set() for name in hlg.layers}
         for fut in self.client.get(hlg, list(ins.tasks), sync=False):
             self.futures[fut.key] = fut
@@ -319,6 +328,7 @@ def execute(
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
     start = time.perf_counter()
     run_id = uuid.uuid4().hex[:12]
+    placement = getattr(compiled, "placement", None)  # graph.packing: packed tasks' worker threads
     prepared = prepare(compiled, store, run_id)  # graph/transform.py: the store, not-rerunnable steps
     compiled = prepared.compiled
     state = ExplorationState(compiled, on_metric_error=on_metric_error, publish=False)  # pulled when due
@@ -336,7 +346,8 @@ def execute(
     try:
         budgeted = BudgetedRun(client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth)
         driver = ExplorationDriver(
-            state, client, bar, publisher=publisher, budget=budgeted, depth_first=order == "depth-first"
+            state, client, bar, publisher=publisher, budget=budgeted, depth_first=order == "depth-first",
+            placement=placement,
         )
         driver.open_reports()  # before anything is submitted: no report is missed
         if on_driver is not None:

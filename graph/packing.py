@@ -318,12 +318,28 @@ def _relineage(branch: Any, packs_of: Mapping[str, list[str]]) -> Any:
     return replace(branch, lineage=tuple(out))
 
 
-def pack_compiled(compiled: Any, slots: int, run: str | None = None) -> Any:
+def place_packs(groups_of_packs: list[list[str]], slots: list[str]) -> dict[str, str]:
+    """``{packed task: worker}``: a group's packed tasks on different worker threads (``slots``:
+    one worker address per thread), each group starting one slot further, so the packed tasks
+    of the first group (the run's first targets) start side by side instead of queueing on the
+    worker that holds their data (Dask places a task where its inputs are).
+
+    >>> place_packs([["g0p0", "g0p1"], ["g1p0", "g1p1"]], ["w0", "w1"])
+    {'g0p0': 'w0', 'g0p1': 'w1', 'g1p0': 'w1', 'g1p1': 'w0'}
+    """
+    if not slots:
+        return {}
+    return {p: slots[(i + g) % len(slots)] for g, packs in enumerate(groups_of_packs) for i, p in enumerate(packs)}
+
+
+def pack_compiled(compiled: Any, slots: int, run: str | None = None, workers: list[str] | None = None) -> Any:
     """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
     each group becomes at most ``slots`` packed tasks (the cluster's worker threads) that claim
     its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
     a name unique to this run, a fresh one by default). ``compiled.packed``: ``{packed task:
-    its group's member keys}``; ``compiled.claim_tables``: the tables' names.
+    its group's member keys}``; ``compiled.claim_tables``: the tables' names;
+    ``compiled.placement``: ``{packed task: worker}`` from ``workers`` (one address per worker
+    thread; :func:`place_packs`), which the run submits as loose worker restrictions.
 
     >>> pack_compiled(compiled, slots=2)                                # doctest: +SKIP
     """
@@ -349,4 +365,9 @@ def pack_compiled(compiled: Any, slots: int, run: str | None = None) -> Any:
     compiled.dependents = dependents_of(graph)
     compiled.packed = {p: [k for k, ps in packs_of.items() if p in ps] for ps in packs_of.values() for p in ps}
     compiled.claim_tables = [f"{run}-{g}" for g in range(len(groups))]
+    groups_of_packs: list[list[str]] = []
+    for packs in packs_of.values():
+        if packs not in groups_of_packs:
+            groups_of_packs.append(packs)
+    compiled.placement = place_packs(groups_of_packs, list(workers or []))
     return compiled

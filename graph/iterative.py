@@ -228,7 +228,7 @@ class Iterative:
                 done, last = done + 1, report
                 gate = prune is not None and prune.rung_of(done) is not None
                 task.send(done, report, gate)
-                if prune is not None and prune.max_iter is not None and done >= prune.max_iter:
+                if prune is not None and prune.ends(done):
                     return last
                 if gate and task.answer(done) == STOP:
                     return Pruned(done, dict(last))

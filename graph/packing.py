@@ -221,7 +221,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
             gate = prune is not None and prune.rung_of(n) is not None
             task = tasks.get(k) or tasks.setdefault(k, _MemberTask(pack, k))
             task.send(n, report, gate)
-            if prune is not None and prune.max_iter is not None and n >= prune.max_iter:
+            if prune is not None and prune.ends(n):
                 if k in trainer.active:
                     trainer.finish(k)
                 continue  # as Iterative: the report that makes max_iter ends the branch, unasked

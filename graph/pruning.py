@@ -120,7 +120,7 @@ class Halving:
             self.arrivals.setdefault((group, r), []).append(RungEntry(branch, metric, ok, n))
             if not ok:
                 return Stop(r, iteration)
-        if self.prune.max_iter is not None and iteration >= self.prune.max_iter:
+        if self.prune.ends(iteration):
             return Stop(None, iteration)
         return Continue()
 

@@ -124,6 +124,8 @@ class PruneSpec:
     >>> p = PruneSpec(factor=3, min_iter=2, max_iter=20)
     >>> p.rungs(100), p.rung_of(6), p.rung_of(5), p.rung_of(18), p.rung_iteration(1)
     ((2, 6, 18), 1, None, 2, 6)
+    >>> p.ends(19), p.ends(20)
+    (False, True)
     >>> PruneSpec(factor=2, min_iter=1, max_iter=4).rungs(100)
     (1, 2)
     """
@@ -132,9 +134,14 @@ class PruneSpec:
     min_iter: int = 1
     max_iter: int | None = None
 
+    def ends(self, iteration: int) -> bool:
+        """Whether the report that makes ``iteration`` reports ends the branch (``max_iter``):
+        it completes there, unasked, and is not pruned."""
+        return self.max_iter is not None and iteration >= self.max_iter
+
     def rung_of(self, iteration: int) -> int | None:
         """The rung index ``r`` if ``iteration`` (reports made, from 1) is a rung, else ``None``."""
-        if self.max_iter is not None and iteration >= self.max_iter:
+        if self.ends(iteration):
             return None
         r, at = 0, self.min_iter
         while at < iteration:

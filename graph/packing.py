@@ -332,17 +332,22 @@ def place_packs(groups_of_packs: list[list[str]], slots: list[str]) -> dict[str,
     return {p: slots[(i + g) % len(slots)] for g, packs in enumerate(groups_of_packs) for i, p in enumerate(packs)}
 
 
-def pack_compiled(compiled: Any, slots: int, run: str | None = None, workers: list[str] | None = None) -> Any:
+def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = None,
+                  workers: list[str] | None = None) -> Any:
     """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
-    each group becomes at most ``slots`` packed tasks (the cluster's worker threads) that claim
-    its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
+    each group becomes at most ``slots`` packed tasks (the cluster's worker threads; default:
+    ``len(workers)``) that claim its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
     a name unique to this run, a fresh one by default). ``compiled.packed``: ``{packed task:
     its group's member keys}``; ``compiled.claim_tables``: the tables' names;
     ``compiled.placement``: ``{packed task: worker}`` from ``workers`` (one address per worker
     thread; :func:`place_packs`), which the run submits as loose worker restrictions.
 
-    >>> pack_compiled(compiled, slots=2)                                # doctest: +SKIP
+    >>> pack_compiled(compiled, workers=["tcp://a:1", "tcp://b:2"])     # doctest: +SKIP
     """
+    if slots is None:
+        if not workers:
+            raise ValueError("pack_compiled: give slots (worker threads) or workers (one address per thread)")
+        slots = len(workers)
     import uuid
 
     from .compiler import dependents_of

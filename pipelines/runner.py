@@ -89,9 +89,8 @@ def run_node(
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 
-            threads = c.nthreads()
-            pack_compiled(compiled, slots=sum(threads.values()),
-                          workers=[w for w in sorted(threads) for _ in range(threads[w])])
+            threads = c.nthreads()  # one packed task per worker thread, each placed on its own
+            pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
         try:
             record = execute(
                 compiled,

@@ -202,6 +202,11 @@ def test_pack_compiled_keeps_member_keys_and_puts_the_packed_tasks_in_their_line
     assert all(compiled.graph[p].func is packed_train for p in packs)
     assert {compiled.graph[p].kwargs["claims"] for p in packs} == {"r-0"}
     assert pack_compiled(explore(lr=[0.01, 0.03]).compile(), slots=4).packed.keys().__len__() == 2  # <= members
+    # given the workers (one address per thread), the packs are as many and each goes to its own thread
+    placed = pack_compiled(explore(lr=[0.01, 0.03, 0.1]).compile(), workers=["w0", "w1"])
+    assert len(placed.packed) == 2 and sorted(placed.placement.values()) == ["w0", "w1"]
+    with pytest.raises(ValueError, match="give slots"):
+        pack_compiled(explore(lr=[0.01, 0.03]).compile())
 
 
 def test_run_refuses_a_bad_pack_option():

@@ -77,13 +77,15 @@ import torch  # noqa: E402
 from pipelines import halving  # noqa: E402
 
 TARGET_SPEEDUP = 1.5
-#: the verdicts printed (each against Optuna, accuracy against the exhaustive run (a))
-TARGET_ROWS = {"c_vs_d": "quiver_gpu_ssgd_packed", "c_warm_vs_d": "quiver_gpu_ssgd_packed_warm",
-               "c_sma_vs_d": "quiver_gpu_packed", "c_sma_warm_vs_d": "quiver_gpu_packed_warm",
-               "b_vs_d": "quiver_halving", "b_warm_vs_d": "quiver_halving_warm"}
-LABELS = {"c_vs_d": "(c) packed S-SGD vs (d)", "c_warm_vs_d": "(c) packed S-SGD, warm cluster, vs (d)",
-          "c_sma_vs_d": "(c-SMA) packed SMA vs (d)", "c_sma_warm_vs_d": "(c-SMA) packed SMA, warm cluster, vs (d)",
-          "b_vs_d": "(b) generator vs (d), for comparison", "b_warm_vs_d": "(b) generator, warm cluster, vs (d)"}
+#: the verdicts printed, key -> (row, label): each against Optuna, accuracy against the exhaustive run (a)
+TARGETS = {
+    "c_vs_d": ("quiver_gpu_ssgd_packed", "(c) packed S-SGD vs (d)"),
+    "c_warm_vs_d": ("quiver_gpu_ssgd_packed_warm", "(c) packed S-SGD, warm cluster, vs (d)"),
+    "c_sma_vs_d": ("quiver_gpu_packed", "(c-SMA) packed SMA vs (d)"),
+    "c_sma_warm_vs_d": ("quiver_gpu_packed_warm", "(c-SMA) packed SMA, warm cluster, vs (d)"),
+    "b_vs_d": ("quiver_halving", "(b) generator vs (d), for comparison"),
+    "b_warm_vs_d": ("quiver_halving_warm", "(b) generator, warm cluster, vs (d)"),
+}
 TARGET_ACCURACY_GAP = 0.005
 FACTOR = 3
 
@@ -473,8 +475,8 @@ def main(argv=None) -> int:
 
     # (c) is packed gpu.train training the baselines' own algorithm (S-SGD over one replica =
     # torch.optim.SGD with momentum); the SMA rows and the generator rows are verdicts for comparison
-    targets = {key: verdict(runs, fast, "optuna_sha", "quiver_exhaustive") for key, fast in TARGET_ROWS.items()}
-    for label, v in ((LABELS[key], v) for key, v in targets.items()):
+    targets = {key: verdict(runs, fast, "optuna_sha", "quiver_exhaustive") for key, (fast, _) in TARGETS.items()}
+    for label, v in ((TARGETS[key][1], v) for key, v in targets.items()):
         if v is None:
             print(f"target {label}: not measured (a method it needs failed or did not run)")
             continue

@@ -117,6 +117,11 @@ class CompiledPipeline:
     #: a Dask collection task's key -> the key of the step that built it (graph/collections.py):
     #: a failed partition names its step in the table, not the Dask layer it came from
     step_of: dict = field(default_factory=dict)
+    #: graph/packing.py (``run(pack=True)``): packed task -> its group's member keys, the groups'
+    #: claim tables (graph/claims.py), and packed task -> the worker thread it is placed on
+    packed: dict = field(default_factory=dict)
+    claim_tables: list = field(default_factory=list)
+    placement: dict = field(default_factory=dict)
 
     @property
     def output_keys(self) -> list[str]:

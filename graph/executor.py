@@ -328,7 +328,6 @@ def execute(
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
     start = time.perf_counter()
     run_id = uuid.uuid4().hex[:12]
-    placement = getattr(compiled, "placement", None)  # graph.packing: packed tasks' worker threads
     prepared = prepare(compiled, store, run_id)  # graph/transform.py: the store, not-rerunnable steps
     compiled = prepared.compiled
     state = ExplorationState(compiled, on_metric_error=on_metric_error, publish=False)  # pulled when due
@@ -347,7 +346,7 @@ def execute(
         budgeted = BudgetedRun(client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth)
         driver = ExplorationDriver(
             state, client, bar, publisher=publisher, budget=budgeted, depth_first=order == "depth-first",
-            placement=placement,
+            placement=compiled.placement,
         )
         driver.open_reports()  # before anything is submitted: no report is missed
         if on_driver is not None:

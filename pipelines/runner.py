@@ -112,7 +112,7 @@ def run_node(
             raise
         finally:
             takeovers = None
-            if getattr(compiled, "claim_tables", None):  # graph.claims: the packed tasks' tables, done with
+            if compiled.claim_tables:  # graph.claims: the packed tasks' tables, done with
                 from graph.claims import forget_claims, takeovers_on_scheduler
 
                 with contextlib.suppress(Exception):
@@ -123,7 +123,7 @@ def run_node(
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
         close = stack.pop_all().close if distributed else None
-    packed = getattr(compiled, "packed", None)
+    packed = compiled.packed
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)
         record.stats["packed_branches"] = len({k for m in packed.values() for k in m})

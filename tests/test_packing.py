@@ -330,6 +330,10 @@ def test_an_idle_packed_task_takes_a_member_over_and_replays_it(client, digits):
 
         first = submit("tk-0")
         delivered.append(events.get(timeout=WAIT))  # tk-0 trains both members: an epoch is done
+        deadline = time.monotonic() + WAIT  # and has told the table (its per-epoch round trip)
+        while not (client.run_on_scheduler(_claim_table, name="takeover-test") or {}).get("made", {}).get("t-b"):
+            assert time.monotonic() < deadline, "tk-0 never reported an epoch to its claim table"
+            time.sleep(0.01)
         second = submit("tk-1")
         values = client.gather([first, second])
         while not events.empty() or len(delivered) < 40:

@@ -345,9 +345,9 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
     >>> pack_compiled(compiled, workers=["tcp://a:1", "tcp://b:2"])     # doctest: +SKIP
     """
     if slots is None:
-        if not workers:
+        if workers is None:
             raise ValueError("pack_compiled: give slots (worker threads) or workers (one address per thread)")
-        slots = len(workers)
+        slots = len(workers)  # none connected yet: one packed task per group, placed nowhere
     import uuid
 
     from .compiler import dependents_of

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from graph import PipelineError, RunError
 from pipelines import Pipeline
@@ -112,3 +114,26 @@ def test_cli_memory_budget_prints_plan_versus_measured(tmp_path):
         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
     )
     assert bad.returncode == 2 and "--memory-budget" in bad.stderr
+
+
+def test_idle_memory_is_settled_when_no_worker_reading_still_falls():
+    from graph.memory.budget import settled
+
+    # measure_baseline stops re-measuring once readings settle (not after its whole patience)
+    assert settled({"a": 300 * MiB, "b": 280 * MiB}, {"a": 299 * MiB, "b": 280 * MiB})
+    assert not settled({"a": 300 * MiB, "b": 400 * MiB}, {"a": 300 * MiB, "b": 200 * MiB})
+    assert not settled({"a": 100}, {"a": 97})  # 3% fell: a run's results may still be leaving
+    assert settled({"a": 100}, {})  # a worker that did not answer keeps its first reading
+
+
+@given(st.dictionaries(st.sampled_from("abcd"), st.integers(1, 2**34), min_size=1),
+       st.floats(0.0, 1.0), st.sampled_from("abcd"))
+def test_settled_is_false_exactly_when_some_worker_fell_by_the_tolerance(before, fall, who):
+    from graph.memory.budget import settled
+
+    after = dict(before)
+    if who in after:
+        after[who] = int(before[who] * (1 - fall))
+    fell = who in before and before[who] - after[who] >= 0.02 * before[who]
+    assert settled(before, after) is (not fell)
+    assert settled(before, before)  # an unchanged reading is always settled

@@ -76,16 +76,18 @@ def _signature(task: Any) -> str | None:
     """What members of one packed group share (``None``: the task cannot be packed)."""
     from dask.task_spec import TaskRef
 
-    from gpu.packing import MEMBER_PARAMS
-
-    from .keys import step_key
-
     func = getattr(task, "func", None)  # collections put Alias and DataNode entries in the graph too
     if func is None:
         return None
     found = _train_fn(func)
     if found is None or len(task.args) != 1 or not isinstance(task.args[0], TaskRef):
         return None
+    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
+    # an exploration of scikit-learn steps never imports torch for packing's sake
+    from gpu.packing import MEMBER_PARAMS
+
+    from .keys import step_key
+
     kw = task.kwargs
     replicas = kw.get("replicas", "auto")
     if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")

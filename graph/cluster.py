@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,40 @@ def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+_skip_main_lock = threading.Lock()
+_skip_main_holders = 0
+_original_preparation: Any = None
+
+
+def _hold_skip_main() -> None:
+    global _skip_main_holders, _original_preparation
+    import multiprocessing.spawn as spawn
+
+    with _skip_main_lock:
+        _skip_main_holders += 1
+        if _skip_main_holders > 1:
+            return
+        original = _original_preparation = spawn.get_preparation_data
+
+        def get_preparation_data(name: str) -> dict:
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = get_preparation_data
+
+
+def _drop_skip_main() -> None:
+    global _skip_main_holders
+    import multiprocessing.spawn as spawn
+
+    with _skip_main_lock:
+        _skip_main_holders -= 1
+        if _skip_main_holders == 0:
+            spawn.get_preparation_data = _original_preparation
+
+
 @contextlib.contextmanager
 def workers_skip_main() -> Iterator[None]:
     """While open, processes started with multiprocessing's ``spawn`` (how Dask's nannies start
@@ -34,32 +69,20 @@ def workers_skip_main() -> Iterator[None]:
     leaves the run waiting for workers forever.  Workers do not need the script: cloudpickle
     ships functions and classes defined in ``__main__`` by value.  Only the preparation data
     of children started meanwhile changes (no ``init_main_from_path``/``init_main_from_name``);
-    ``__main__`` itself (its ``__file__``, its globals) is untouched.
+    ``__main__`` itself (its ``__file__``, its globals) is untouched.  Holders are counted, so
+    a kept embedded cluster (whose nannies may restart a worker at any time) and the runs on
+    it may open and close it in any order.
 
     >>> import multiprocessing.spawn as spawn
     >>> with workers_skip_main():
     ...     "init_main_from_path" in spawn.get_preparation_data("probe")
     False
     """
-    import multiprocessing.spawn as spawn
-
-    original = spawn.get_preparation_data
-    if getattr(original, "_quiver_skip_main", False):  # nested (a cluster inside a cluster's run)
-        yield
-        return
-
-    def get_preparation_data(name: str) -> dict:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    get_preparation_data._quiver_skip_main = True  # type: ignore[attr-defined]
-    spawn.get_preparation_data = get_preparation_data
+    _hold_skip_main()
     try:
         yield
     finally:
-        spawn.get_preparation_data = original
+        _drop_skip_main()
 
 
 @contextlib.contextmanager
@@ -72,23 +95,35 @@ def connect(
     dashboard_address: str = "127.0.0.1:0",
     quiet: bool = False,
     memory_budget: Any = None,
+    info: dict | None = None,
 ) -> Iterator[Client]:
     """Yield a ``distributed.Client``.
 
     ``client`` may be a ``Client`` (used as is, left open), a scheduler address
     string such as ``"tcp://127.0.0.1:8786"`` (connected to, then disconnected), or
-    ``None``: an embedded ``LocalCluster`` of worker processes on loopback, closed
-    afterwards.  The dashboard link is printed unless ``quiet``.
+    ``None``: an embedded ``LocalCluster`` of worker processes on loopback.  The dashboard
+    link is printed unless ``quiet``.
+
+    The embedded cluster is kept for the process's next run of the same shape
+    (:mod:`graph.embedded`: idle timeout, closed after a failed run and at exit), except
+    under a ``memory_budget``, whose workers carry a run's planned spill settings.  Its
+    workers get Quiver's allocator setting (:mod:`graph.workerenv`).
 
     ``memory_budget`` (embedded cluster only): the total for all workers, split
     evenly into their ``memory_limit``; each worker keeps its results in a
     :class:`graph.memory.spill.PlannedSpillBuffer` so a run's memory plan decides what
     is spilled first.
+
+    ``info`` (optional dict) is filled with ``cluster``: ``"given"``, ``"connected"``,
+    ``"started"`` or ``"reused"``.
     """
+    info = {} if info is None else info
     if isinstance(client, Client):
+        info["cluster"] = "given"
         yield client
         return
     if isinstance(client, str):
+        info["cluster"] = "connected"
         with Client(client) as c:
             _announce(c, "scheduler " + client, quiet)
             yield c
@@ -113,18 +148,75 @@ def connect(
         kwargs["data"] = (PlannedSpillBuffer, {"target": int(limit * 0.6)})  # Dask's default target until a plan sets its own
     elif memory_limit is not None:
         kwargs["memory_limit"] = memory_limit
-    # workers_skip_main: a script without an ``if __name__ == "__main__":`` guard works too
-    # (workers, restarted ones included, never re-run it); see its docstring
-    with workers_skip_main(), _closing_after_errors(LocalCluster(**kwargs)) as cluster, \
-            _closing_after_errors(Client(cluster)) as c:
+    from . import embedded
+
+    def start() -> tuple[Any, Any]:
+        return _start_embedded(kwargs, memory_budget)
+
+    if memory_budget is not None:  # never kept: its workers carry one run's planned spill settings
+        cluster, c, reused, keep = (*start(), False, False)
+    else:
+        spec = (kwargs["n_workers"], threads_per_worker, memory_limit, dashboard_address)
+        cluster, c, reused, keep = embedded.acquire(spec, start)
+        if keep and not reused:  # a kept cluster's nannies may restart a worker between runs too
+            _hold_skip_main()
+            embedded.on_close(c, _drop_skip_main)
+    info["cluster"] = "reused" if reused else "started"
+    _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers"
+                 + (", kept from the last run)" if reused else ")"), quiet)
+    if keep:
+        ok = False
+        try:
+            # workers_skip_main: a script without an ``if __name__ == "__main__":`` guard works
+            # too (workers, restarted ones included, never re-run it); see its docstring
+            with workers_skip_main():
+                yield c
+            ok = True
+        finally:
+            embedded.release(c, ok)  # kept for the next run, or closed after a failure
+        return
+    with workers_skip_main(), _closing_after_errors(cluster), _closing_after_errors(c):
+        yield c
+
+
+def _start_embedded(kwargs: dict, memory_budget: Any) -> tuple[Any, Any]:
+    """A new embedded cluster and its client, with Quiver's dashboard pages and log digest."""
+    import dask
+
+    from .workerenv import embedded_environ
+
+    ours = embedded_environ(memory_budget)
+    variables = set(ours) | set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}))
+    before = {k: os.environ.get(k) for k in variables}
+    with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}):
+        try:
+            cluster = LocalCluster(**kwargs)
+        finally:
+            # Dask's nannies write the workers' variables into this process's environment too:
+            # put it back, so that processes this one starts later (scikit-learn's joblib
+            # workers, a subprocess) get their allocator and thread settings from the user, not Dask
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            c = Client(cluster)
+        except BaseException:
+            cluster.close()
+            raise
+    try:
         from .dashboard import ensure_dashboard
 
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
         from .logdigest import ErrorDigestPlugin
 
         c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
-        _announce(c, f"embedded LocalCluster ({kwargs['n_workers']} workers)", quiet)
-        yield c
+    except BaseException:
+        c.close()
+        cluster.close()
+        raise
+    return cluster, c
 
 
 @contextlib.contextmanager

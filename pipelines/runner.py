@@ -50,6 +50,9 @@ def run_node(
         )
     if not isinstance(pack, bool):
         raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
+    import time
+
+    clock = time.perf_counter()
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
     if store is not None:  # a bad store path is refused before a cluster starts
         from graph.store import ResultStore
@@ -77,7 +80,10 @@ def run_node(
             plan_memory(compiled, memory_budget, workers=workers or default_workers())
     import contextlib
 
+    compile_seconds = time.perf_counter() - clock
+    cluster_info: dict = {}
     with contextlib.ExitStack() as stack:
+        clock = time.perf_counter()
         c = stack.enter_context(connect(
             client,
             memory_budget=memory_budget if client is None else None,
@@ -85,7 +91,9 @@ def run_node(
             threads_per_worker=threads_per_worker,
             memory_limit=memory_limit,
             quiet=quiet,
+            info=cluster_info,
         ))
+        cluster_seconds = time.perf_counter() - clock
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 
@@ -123,6 +131,11 @@ def run_node(
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
         close = stack.pop_all().close if distributed else None
+    # where the time outside the run went: compile (and pre-flight checks), and the cluster
+    # ("started": an embedded one, "reused": kept from the process's last run, "given"/"connected")
+    record.stats["compile_seconds"] = compile_seconds
+    record.stats["cluster"] = cluster_info.get("cluster")
+    record.stats["cluster_seconds"] = cluster_seconds
     packed = compiled.packed
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)

@@ -50,3 +50,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _embedded_cluster_per_run():
+    """Tests start and close an embedded cluster per run, as before clusters were kept
+    (graph.embedded): one test's killed worker or paused cluster never reaches the next. The
+    tests of keeping (tests/test_cluster_reuse.py) turn it back on, and scripts run as
+    subprocesses keep theirs, as users' scripts do."""
+    import dask
+
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0}):
+        yield

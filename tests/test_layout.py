@@ -136,3 +136,24 @@ def test_modules_workers_import_do_not_load_pandas():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_imports_load_no_heavy_library_nobody_asked_for():
+    """A scikit-learn user pays for neither torch nor dask.dataframe (each ~1 s to import):
+    not at import, and not in a drop-in fit of scikit-learn steps."""
+    code = (
+        "import sys, pipelines, pipelines.sklearn, graph\n"
+        "loaded = lambda: sorted(m for m in ('torch', 'dask.dataframe') if m in sys.modules)\n"
+        "at_import = loaded()\n"
+        "from distributed import Client, LocalCluster\n"
+        "from sklearn.datasets import load_iris\n"
+        "from sklearn.svm import SVC\n"
+        "if __name__ == '__main__':\n"
+        "    X, y = load_iris(return_X_y=True)\n"
+        "    with LocalCluster(n_workers=1, processes=False) as cl, Client(cl) as c:\n"
+        "        pipelines.sklearn.GridSearchCV(SVC(), {'C': [1, 10]}, cv=2, client=c, progress=False).fit(X, y)\n"
+        "    print(at_import, loaded())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[] []"

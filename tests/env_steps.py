@@ -1,0 +1,11 @@
+"""Steps for tests/test_worker_env.py: what a step sees of its worker process."""
+
+from __future__ import annotations
+
+
+def probe(seed: int) -> dict:
+    """The allocator and thread settings this task's process runs with (a 1 MiB allocation's
+    path measured with glibc's counters), and ``m`` for a choose."""
+    from graph.workerenv import probe_environment
+
+    return dict(probe_environment(), m=float(seed))

@@ -1,0 +1,65 @@
+"""The process environment a run's steps see on a worker is what graph.workerenv's rule says:
+Quiver's mmap threshold on embedded clusters (so mid-sized arrays are not an mmap/munmap pair
+each, as Dask's trim setting alone makes them), Dask's own under a memory budget, and Dask's
+thread limits everywhere. Read from inside real tasks on real worker processes."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from graph.workerenv import DASK_MMAP_THRESHOLD, MMAP_THRESHOLD, embedded_environ, mmap_threshold, probe_environment, tune_workers
+from pipelines import Pipeline
+from tests.env_steps import probe
+
+pytestmark = pytest.mark.skipif(probe_environment()["mmapped"] is None, reason="needs glibc's mallinfo2")
+
+
+def _run(**options) -> dict:
+    p = Pipeline("env")
+    return p.source(probe, seed=1).run(quiet=True, progress=False, workers=1, **options).value
+
+
+def test_embedded_workers_get_the_mmap_threshold():
+    seen = _run()
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == str(MMAP_THRESHOLD)
+    assert seen["MALLOC_TRIM_THRESHOLD_"] == "65536"  # Dask's own stays: the heap's free top goes back
+    assert seen["mmapped"] is False  # a 1 MiB array comes from the heap, as in a plain process
+    assert seen["OMP_NUM_THREADS"] == "1"  # Dask's thread limit for a single-threaded worker
+
+
+def test_a_memory_budget_keeps_dasks_allocator_setting():
+    seen = _run(memory_budget="1200 MiB")
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == str(DASK_MMAP_THRESHOLD)
+    assert seen["mmapped"] is True  # memory returned to the system first, as the budget wants
+
+
+def test_the_config_turns_it_off():
+    with dask.config.set({"quiver.worker.mmap-threshold": 0}):
+        assert embedded_environ() == {"MALLOC_MMAP_THRESHOLD_": str(DASK_MMAP_THRESHOLD)}
+        seen = _run()
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == str(DASK_MMAP_THRESHOLD) and seen["mmapped"] is True
+
+
+def test_a_bad_threshold_is_refused_with_the_fix():
+    with dask.config.set({"quiver.worker.mmap-threshold": "64 MiB"}), \
+            pytest.raises(ValueError, match=r"\(0, 32 MiB\].*0 for Dask's own"):
+        mmap_threshold()
+
+
+def test_this_process_keeps_its_own_environment():
+    import os
+
+    before = {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "OMP_NUM_THREADS")}
+    _run()
+    assert {k: os.environ.get(k) for k in before} == before  # Dask's nanny wrote them here; put back
+
+
+def test_tune_workers_sets_it_on_a_running_cluster():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        assert c.submit(probe_environment, pure=False).result()["mmapped"] is True  # Dask's worker
+        tune_workers(c)
+        after = c.submit(probe_environment, pure=False).result()
+        assert after["mmapped"] is False and after["MALLOC_MMAP_THRESHOLD_"] == str(MMAP_THRESHOLD)

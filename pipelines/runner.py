@@ -94,6 +94,9 @@ def run_node(
             info=cluster_info,
         ))
         cluster_seconds = time.perf_counter() - clock
+        from graph.warmup import step_modules, warm_workers
+
+        warm_workers(c, step_modules(compiled))  # every worker imports the steps' modules now, in the background
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 

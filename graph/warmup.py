@@ -1,0 +1,119 @@
+"""Warm workers at once: every worker imports the modules a run's steps come from, in the
+background, as soon as the run is compiled.
+
+Why: a fresh worker pays its imports (scikit-learn ~1.5 s, torch several seconds on two
+cores) when its first task is unpickled.  An exploration starts narrow (a source, then a few
+prefix steps), so the second worker's first task, and its imports, come only after the
+first worker's; the imports sit on the run's critical path one worker after another.
+Importing them everywhere at the start overlaps them with the first tasks (Python's import
+lock makes a task that needs a module being imported wait for it, never import it twice).
+Nothing runs a user's step: only modules are imported.
+
+The decision is pure (:func:`step_modules`: modules named by the compiled graph's functions),
+the cluster part one fire-and-forget message (:func:`warm_workers`).
+
+>>> import types
+>>> from sklearn.svm import SVC
+>>> def fit(data, C):
+...     return SVC(C=C)
+>>> class Task:
+...     func = staticmethod(fit)
+>>> step_modules(types.SimpleNamespace(graph={"k": Task()}))  # this docstring's own module, and SVC's
+['graph.warmup', 'sklearn.svm._classes']
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import types
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["imported_by_warmup", "step_modules", "warm_workers"]
+
+logger = logging.getLogger(__name__)
+
+_SKIP = {"__main__", "builtins", "__mp_main__"}
+
+
+def _unwrap(fn: Any) -> Any:
+    """The user's function inside Quiver's wrappers (``ByValue``, ``Iterative``) and partials."""
+    for _ in range(8):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif type(fn).__name__ in ("ByValue", "Iterative") and hasattr(fn, "fn"):
+            fn = fn.fn
+        else:
+            break
+    return fn
+
+
+def _named(fn: Any) -> set[str]:
+    """Modules ``fn`` comes from or names in its globals (one level)."""
+    found = set()
+    module = getattr(fn, "__module__", None)
+    if isinstance(module, str):
+        found.add(module)
+    code = getattr(fn, "__code__", None)
+    glb = getattr(fn, "__globals__", None) or {}
+    for name in (code.co_names if code is not None else ()):
+        obj = glb.get(name)
+        if isinstance(obj, types.ModuleType):
+            found.add(obj.__name__)
+        elif callable(obj):
+            owner = getattr(_unwrap(obj), "__module__", None)
+            if isinstance(owner, str):
+                found.add(owner)
+    return found
+
+
+def step_modules(compiled: Any) -> list[str]:
+    """The importable modules a compiled run's step functions come from or name (sorted;
+    ``__main__`` excluded: its functions travel by value)."""
+    found: set[str] = set()
+    tasks: Iterable = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
+    for task in tasks:
+        fn = _unwrap(getattr(task, "func", None))
+        if fn is not None:
+            found |= _named(fn)
+    return sorted(m for m in found if m not in _SKIP and not m.startswith("<"))
+
+
+#: per worker process: modules the warm-up imported, and those it could not (name -> error)
+imported_by_warmup: dict[str, str | None] = {}
+
+
+def _import_all(modules: list[str]) -> None:
+    import importlib
+
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            imported_by_warmup[name] = None
+        except Exception as exc:  # recorded: a module only a step's own process can import is the step's business
+            imported_by_warmup[name] = f"{type(exc).__name__}: {exc}"
+
+
+def _start_imports(modules: list[str]) -> None:
+    """On a worker: import ``modules`` in a background thread, return at once."""
+    threading.Thread(target=_import_all, args=(modules,), name="quiver-warmup", daemon=True).start()
+
+
+def warm_workers(client: Any, modules: list[str]) -> None:
+    """Ask every worker of ``client`` to import ``modules`` in the background, without waiting
+    for the answer (the run starts meanwhile; a slow or silent scheduler never holds it up)."""
+    if not modules:
+        return
+
+    async def send() -> None:
+        try:
+            await client._run(_start_imports, list(modules), on_error="ignore")
+        except Exception as exc:  # recorded and dropped: the warm-up is an optimisation, the run goes on
+            logger.debug("warming the workers up failed: %s: %s", type(exc).__name__, exc)
+
+    client.loop.add_callback(send)

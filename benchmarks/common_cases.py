@@ -19,6 +19,9 @@ digits     digits, 2 scalers x degree-2 polynomial features + full-SVD PCA k {16
 torch12    a user's own PyTorch loop over 12 MNIST configurations with ``halving(3)`` (the
            functions of benchmarks/train_explore.py): Quiver's generator step vs Optuna's
            ``SuccessiveHalvingPruner`` with ``n_jobs=2``.
+stepcost   one model step (logistic regression, random forest, HistGradientBoosting, SVC on the
+           grid112 table) timed in a plain process, in a Quiver embedded worker and in a plain
+           ``LocalCluster`` worker (Dask's worker environment): a step's own cost where it runs.
 
 Tools per workload: Quiver (embedded cluster); scikit-learn ``GridSearchCV(n_jobs=2)`` with
 ``PredefinedSplit`` (the validation split) without and with ``Pipeline(memory=...)``; one
@@ -62,7 +65,10 @@ WORKLOADS = {
     "dropin36": ["quiver", "sklearn", "sklearn_memory", "dask_ml"],
     "digits": ["quiver", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
     "torch12": ["quiver", "optuna"],
+    "stepcost": ["plain", "quiver_worker", "dask_worker"],
 }
+
+STEPCOST = [("logreg", 1.0), ("forest", 8), ("hgb", 0.2), ("svc", 1.0)]
 
 
 # ----------------------------------------------------------------------------- one measurement (child)
@@ -107,6 +113,7 @@ def _quiver_explore(S, spec, load):
 
 
 def _sk_search(S, spec, load, memory: bool, dask_ml: bool):
+    import numpy as np
     from sklearn.base import clone
     from sklearn.pipeline import Pipeline as SkPipeline
 
@@ -129,9 +136,11 @@ def _sk_search(S, spec, load, memory: bool, dask_ml: bool):
 
             search = GridSearchCV(pipe, S.sk_grid(spec), cv=cv, refit=False, n_jobs=2)
         search.fit(X, y)
-        best = clone(pipe).set_params(memory=None, **search.best_params_)  # the test step: refit on train, score on test
+        res = search.cv_results_  # dask-ml has no best_params_ with refit=False
+        i = int(np.argmax(res["mean_test_score"]))
+        best = clone(pipe).set_params(memory=None, **res["params"][i])  # the test step: refit on train, score on test
         best.fit(data["X_train"], data["y_train"])
-        return {"score": float(search.best_score_), "test": float(best.score(data["X_test"], data["y_test"]))}
+        return {"score": float(res["mean_test_score"][i]), "test": float(best.score(data["X_test"], data["y_test"]))}
 
     def close():
         if "client" in state:
@@ -237,6 +246,39 @@ def _torch12(tool: str, quick: bool):
     return call, close
 
 
+def _time_steps(repeats: int = 3) -> dict:
+    """Seconds (best of ``repeats``) of each STEPCOST model step on the grid112 table, here."""
+    import common_cases_steps as S
+
+    data = S.pca(S.scale(S.load_table(0), "standard"), 16)
+    out = {}
+    for kind, value in STEPCOST:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            S.STEPS[kind](data, value)
+            best = min(best, time.perf_counter() - t)
+        out[f"{kind}({value})"] = best
+    return out
+
+
+def stepcost(tool: str) -> dict:
+    """The same step calls in a plain process, in a Quiver embedded worker, in a plain Dask worker."""
+    if tool == "plain":
+        return _time_steps()
+    if tool == "quiver_worker":
+        from graph.cluster import connect
+
+        with connect(None, n_workers=1, quiet=True) as c:
+            return c.submit(_time_steps, pure=False).result()
+    cluster, c = _cluster()
+    try:
+        return c.submit(_time_steps, pure=False).result()
+    finally:
+        c.close()
+        cluster.close()
+
+
 def one(workload: str, tool: str, quick: bool) -> dict:
     """Run one (workload, tool) in this process: the first call (with the close at the end), then a second."""
     sys.path.insert(0, str(HERE))
@@ -246,6 +288,8 @@ def one(workload: str, tool: str, quick: bool) -> dict:
 
     import pipelines  # noqa: F401
 
+    if workload == "stepcost":
+        return {"steps": stepcost(tool)}
     if quick:
         S.GRID112 = {"scaler": ["standard", "minmax"], "features": [("pca", 8), ("kbest", 8)],
                      "model": [("logreg", 1.0), ("hgb", 0.2)]}
@@ -296,6 +340,9 @@ def _median(xs):
 
 def summarise(runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
+    if ok and "steps" in ok[0]:
+        return {"repeats": len(runs), "errors": [r["error"] for r in runs if "error" in r],
+                "steps": {k: _median([r["steps"][k] for r in ok]) for k in ok[0]["steps"]}}
     out = {"repeats": len(runs), "errors": [r["error"] for r in runs if "error" in r]}
     for part in ("first_s", "second_s", "close_s"):
         xs = [r[part] for r in ok]
@@ -324,6 +371,17 @@ def _fmt(m: dict | None) -> str:
 
 def print_table(results: dict) -> None:
     for workload, tools in results["workloads"].items():
+        if workload == "stepcost":
+            print("\n## stepcost: one step's seconds (best of 3, median over processes)")
+            names = list(next(iter(tools.values())).get("steps", {}))
+            print("| where | " + " | ".join(names) + " |")
+            print("|---|" + "---|" * len(names))
+            plain = tools.get("plain", {}).get("steps", {})
+            for tool, s in tools.items():
+                cells = [f"{s['steps'][n]:.3f}" + (f" ({s['steps'][n] / plain[n]:.2f}x)" if plain.get(n) else "")
+                         for n in names] if s.get("steps") else ["-"] * len(names)
+                print(f"| {tool} | " + " | ".join(cells) + " |")
+            continue
         print(f"\n## {workload}")
         print("| tool | first call s, median (min-max) | second call s | best validation score | Quiver ÷ best plain (first / second) |")
         print("|---|---|---|---|---|")
@@ -371,9 +429,11 @@ def main(argv=None) -> int:
         for r in range(repeats):  # tools interleaved, so a busy minute hits them alike
             for tool in tools:
                 runs[tool].append(_child(workload, tool, args.quick))
+                last = runs[tool][-1]
                 print(f"[{workload} {r + 1}/{repeats}] {tool}: "
-                      + (runs[tool][-1].get("error") or f"first {runs[tool][-1]['first_s']:.2f} s, "
-                                                         f"second {runs[tool][-1]['second_s']:.2f} s"), flush=True)
+                      + (last.get("error") or (json.dumps(last["steps"]) if "steps" in last else
+                                               f"first {last['first_s']:.2f} s, second {last['second_s']:.2f} s")),
+                      flush=True)
         results["workloads"][workload] = {t: summarise(runs[t]) for t in tools}
     results["load_after"] = os.getloadavg()
     print_table(results)

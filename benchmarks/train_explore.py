@@ -183,8 +183,13 @@ def quiver_run(kind: str, size: dict) -> dict:
     kind = kind.removesuffix("_warm")
     node = quiver_node(kind, size)
     t0 = time.perf_counter()
-    with (contextlib.nullcontext(_warm_client()) if warm else
-          connect(None, n_workers=2, threads_per_worker=1, quiet=True)) as client:
+    import dask
+
+    # a cold row starts its own cluster (the process's kept one would make the next cold row warm)
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0 if not warm else
+                          dask.config.get("quiver.embedded-cluster.idle-timeout", 300)}), \
+            (contextlib.nullcontext(_warm_client()) if warm else
+             connect(None, n_workers=2, threads_per_worker=1, quiet=True)) as client:
         if warm:
             t0 = time.perf_counter()
         started = time.perf_counter() - t0

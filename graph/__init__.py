@@ -65,7 +65,10 @@ def compile(node: Any):  # noqa: A001 - the contract name (docs/architecture.md 
             f"graph.compile: expected a pipeline node (pipelines.Node) or a graph.spec value, got "
             f"{type(node).__name__}. Build one with pipelines.Pipeline(name).source(fn)."
         )
-    return compile_spec(spec)
+    from .keys import identities_remembered
+
+    with identities_remembered():
+        return compile_spec(spec)
 
 
 def __getattr__(name: str) -> Any:

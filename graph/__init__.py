@@ -30,6 +30,8 @@ __all__ = [
     "plan_memory",
     "ResultStore",
     "not_rerunnable",
+    "close_kept",
+    "tune_workers",
 ]
 
 _LAZY = {
@@ -43,6 +45,8 @@ _LAZY = {
     "plan_memory": "graph.memory.plan",
     "ResultStore": "graph.store",
     "not_rerunnable": "graph.rerun",
+    "close_kept": "graph.embedded",
+    "tune_workers": "graph.workerenv",
 }
 
 

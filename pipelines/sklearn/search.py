@@ -38,7 +38,7 @@ from ._compat import (
     _insert_error_scores,
     _warn_or_raise_about_fit_failures,
 )
-from .candidates import check_candidates
+from .candidates import NO_FITS, check_candidates
 from .exploration import build
 from .results import Failed, fold_result, rows_by_candidate
 from .steps import MeanTest
@@ -57,19 +57,23 @@ class _QuiverSearch:
         raise NotImplementedError
 
     def _reraise_locally(self, X, y, params: dict, splits: list, routed: Any, scorers: Any, error: str) -> None:
-        """``error_score='raise'``: raise the candidate's own exception, as scikit-learn would,
-        by fitting and scoring it here on the folds until one fails (the cluster sends only text)."""
+        """A candidate's branch failed on the cluster: raise its own exception here, as
+        scikit-learn would (the cluster sends only text).  The fold splits fail outside the fit
+        whatever ``error_score`` is (a precomputed kernel that is not square), so they are
+        redone here first; with ``error_score='raise'`` the candidate is then fitted and scored
+        on the folds until one fails."""
         from ._compat import _safe_split, _score
 
         for train, test in splits:
             est = clone(self.estimator).set_params(**clone(params, safe=False))
             X_train, y_train = _safe_split(est, X, y, train)
             X_test, y_test = _safe_split(est, X, y, test, train)
+            if self.error_score != "raise":
+                continue
             fit_params = _check_method_params(X, params=routed.estimator.fit, indices=train)
             est.fit(X_train, **fit_params) if y_train is None else est.fit(X_train, y_train, **fit_params)
             score_params = _check_method_params(X, params=routed.scorer.score, indices=test)
             _score(est, X_test, y_test, scorers, score_params, "raise")
-        raise RuntimeError(f"a fit failed on the cluster (and not when re-run here) for {params}: {error}")
 
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y=None, **params):
@@ -91,6 +95,8 @@ class _QuiverSearch:
                 f"Expected {self.n_splits_} splits, got {len(splits)}"
             )
         candidates = list(self._candidates())
+        if not splits:
+            raise ValueError(NO_FITS)
         check_candidates(self.estimator, candidates)
         base = clone(self.estimator)
         compiled = build(
@@ -110,10 +116,10 @@ class _QuiverSearch:
             rows = rows_by_candidate(result.table, branches, lambda b: compiled.candidate_token(b.choices), tokens)
         except Failed as failed:
             index, row = failed.rows[0]
-            if self.error_score == "raise":
-                self._reraise_locally(X, y, candidates[index], splits, routed, scorers, row.get("error"))
+            self._reraise_locally(X, y, candidates[index], splits, routed, scorers, row.get("error"))
             raise RuntimeError(
-                f"{failed}. Traceback from the worker:\n{row.get('traceback')}"
+                f"{failed} (and not when redone here, for {candidates[index]}). "
+                f"Traceback from the worker:\n{row.get('traceback')}"
             ) from None
         names = list(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         out = [

@@ -1,0 +1,72 @@
+"""pipelines.sklearn behaves as scikit-learn's own searches do (issue 25).
+
+Each test runs the drop-in on conftest's shared ``client`` (a real LocalCluster, 2 worker
+processes) and scikit-learn's class on the same data, and compares what the caller sees:
+``cv_results_``, exceptions (type and message), warnings, pickling, configuration.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+sklearn = pytest.importorskip("sklearn")
+
+from dask.base import tokenize  # noqa: E402
+from sklearn import model_selection as ms  # noqa: E402
+from sklearn.linear_model import Ridge  # noqa: E402
+from sklearn.svm import SVC  # noqa: E402
+
+from pipelines.sklearn import GridSearchCV  # noqa: E402
+
+RNG = np.random.RandomState(0)
+XR = RNG.rand(20, 3)
+YR = RNG.rand(20)
+YC = (YR > 0.5).astype(int)
+
+
+def same_cv_results(ours, theirs):
+    """Same keys and values (timings aside); parameters compared by token (they may be arrays)."""
+    a, b = ours.cv_results_, theirs.cv_results_
+    assert list(a) == list(b)
+    for key in a:
+        if "time" in key:
+            continue
+        if key == "params" or key.startswith("param_"):
+            assert tokenize(list(a[key])) == tokenize(list(b[key])), key
+        else:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def raised(fit):
+    with pytest.raises(Exception) as info:
+        fit()
+    return type(info.value), str(info.value)
+
+
+# ---- point 4: array-valued parameters ------------------------------------------------------
+def test_array_valued_parameters(client):
+    grid = {"alpha": [np.array([1.0, 2.0]), np.array([3.0, 4.0])]}
+    Y2 = np.c_[YR, YR[::-1]]
+    ours = GridSearchCV(Ridge(), grid, cv=2, client=client).fit(XR, Y2)
+    theirs = ms.GridSearchCV(Ridge(), grid, cv=2).fit(XR, Y2)
+    same_cv_results(ours, theirs)
+    assert tokenize(ours.best_params_) == tokenize(theirs.best_params_)
+
+
+# ---- point 5: the exceptions are scikit-learn's ---------------------------------------------
+@pytest.mark.parametrize("error_score", [np.nan, "raise"])
+def test_every_candidate_failing_before_fit_raises_sklearns_error(client, error_score):
+    """SVC(kernel='precomputed') on a non-square X fails in the fold split of every candidate."""
+    ours = raised(lambda: GridSearchCV(SVC(kernel="precomputed"), {"C": [1, 2]}, cv=2, client=client,
+                                       error_score=error_score).fit(XR, YC))
+    theirs = raised(lambda: ms.GridSearchCV(SVC(kernel="precomputed"), {"C": [1, 2]}, cv=2,
+                                            error_score=error_score).fit(XR, YC))
+    assert ours == theirs == (ValueError, "X should be a square kernel matrix")
+
+
+@pytest.mark.parametrize("cv, grid", [([], {"alpha": [1.0, 2.0]}), (2, [])])
+def test_no_fits_raises_sklearns_error(client, cv, grid):
+    ours = raised(lambda: GridSearchCV(Ridge(), grid, cv=cv, client=client).fit(XR, YR))
+    theirs = raised(lambda: ms.GridSearchCV(Ridge(), grid, cv=cv).fit(XR, YR))
+    assert ours == theirs

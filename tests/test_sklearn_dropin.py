@@ -70,3 +70,39 @@ def test_no_fits_raises_sklearns_error(client, cv, grid):
     ours = raised(lambda: GridSearchCV(Ridge(), grid, cv=cv, client=client).fit(XR, YR))
     theirs = raised(lambda: ms.GridSearchCV(Ridge(), grid, cv=cv).fit(XR, YR))
     assert ours == theirs
+
+
+# ---- point 8: pickling, clone, get_params / set_params -------------------------------------
+def client_values(client):
+    return {"Client": client, "address": client.scheduler.address, "None": None}
+
+
+@pytest.mark.parametrize("kind", ["Client", "address", "None"])
+def test_unfitted_search_clones_and_round_trips_params(client, kind):
+    import pickle
+
+    from sklearn.base import clone
+
+    value = client_values(client)[kind]
+    search = GridSearchCV(Ridge(), {"alpha": [1.0, 2.0]}, cv=2, client=value, memory_budget="1 GiB")
+    copied = clone(search)
+    assert copied.client is value and copied.memory_budget == "1 GiB" and copied is not search
+    assert search.client is value  # clone leaves the original as it was
+    params = search.get_params()
+    again = GridSearchCV(Ridge(), {}).set_params(**params)
+    assert again.get_params()["client"] is value and again.get_params()["estimator__alpha"] == 1.0
+    loaded = pickle.loads(pickle.dumps(search))
+    expected = client.scheduler.address if kind != "None" else None
+    assert loaded.client == expected  # a Client pickles as its scheduler address
+
+
+def test_fitted_search_with_a_client_pickles(client):
+    import pickle
+
+    search = GridSearchCV(Ridge(), {"alpha": [1.0, 2.0]}, cv=2, client=client).fit(XR, YR)
+    loaded = pickle.loads(pickle.dumps(search))
+    np.testing.assert_array_equal(loaded.predict(XR), search.predict(XR))
+    assert loaded.best_params_ == search.best_params_ and loaded.client == client.scheduler.address
+    assert search.client is client
+    refit = loaded.fit(XR, YR)  # the address reaches the same scheduler
+    np.testing.assert_array_equal(refit.cv_results_["mean_test_score"], search.cv_results_["mean_test_score"])

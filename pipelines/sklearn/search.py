@@ -22,6 +22,7 @@ pruning choose, which has not landed.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -50,11 +51,43 @@ _QUIVER_CONSTRAINTS = {"client": "no_validation", "memory_budget": "no_validatio
                        "progress": ["boolean", None]}
 
 
+def _scheduler_address(client: Any) -> str | None:
+    """The scheduler address of a ``distributed.Client`` (``None`` for anything else)."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    if not isinstance(client, Client):
+        return None
+    return client.scheduler.address
+
+
 class _QuiverSearch:
     """``fit`` for a scikit-learn search: one Quiver exploration instead of joblib."""
 
     def _candidates(self) -> list[dict]:  # pragma: no cover - each class defines it
         raise NotImplementedError
+
+    # ---- a Client as ``client=``: passed by reference, pickled as its scheduler address ------
+    def __sklearn_clone__(self):
+        """``sklearn.base.clone``: scikit-learn's own clone, except that ``client`` is the same
+        object in the clone (a ``Client`` holds a connection: it cannot be deep-copied, and the
+        clone should run on the same cluster)."""
+        proxy = copy.copy(self)  # shallow: self is left as it is (another thread may be using it)
+        proxy.client = None
+        new = super(_QuiverSearch, proxy).__sklearn_clone__()
+        new.client = self.client
+        return new
+
+    def __getstate__(self):
+        """Pickle as scikit-learn does; a ``Client`` given as ``client`` is pickled as its
+        scheduler address (a connection cannot be pickled), so the unpickled search runs on the
+        same scheduler if it is still there, and predicts without it."""
+        state = dict(super().__getstate__())
+        address = _scheduler_address(state.get("client"))
+        if address is not None:
+            state["client"] = address
+        return state
 
     def _reraise_locally(self, X, y, params: dict, splits: list, routed: Any, scorers: Any, error: str) -> None:
         """A candidate's branch failed on the cluster: raise its own exception here, as

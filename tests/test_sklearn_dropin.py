@@ -7,6 +7,8 @@ processes) and scikit-learn's class on the same data, and compares what the call
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,58 @@ def test_fitted_search_with_a_client_pickles(client):
     assert search.client is client
     refit = loaded.fit(XR, YR)  # the address reaches the same scheduler
     np.testing.assert_array_equal(refit.cv_results_["mean_test_score"], search.cv_results_["mean_test_score"])
+
+
+# ---- point 3: warnings met on the workers are raised in the caller -------------------------
+def warned(fit):
+    """(category, message) of every warning a fit raised in this process, from scikit-learn's
+    or the tests' code (not the cluster's own chatter), each occurrence, in order."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit()
+    return [(w.category.__name__, str(w.message)) for w in record
+            if f"site-packages{os.sep}sklearn{os.sep}" in w.filename or f"{os.sep}tests{os.sep}" in w.filename]
+
+
+def test_convergence_warnings_reach_the_caller_per_candidate_and_fold(client):
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+
+    X, y = XR, YC
+
+    def est():
+        return Pipeline([("pca", PCA(2)), ("clf", LogisticRegression(max_iter=1))])
+
+    grid = {"clf__C": [0.5, 1.0]}
+    ours = warned(lambda: GridSearchCV(est(), grid, cv=3, client=client, refit=False).fit(X, y))
+    theirs = warned(lambda: ms.GridSearchCV(est(), grid, cv=3, refit=False).fit(X, y))
+    assert len(theirs) == 6 and {c for c, _ in theirs} == {"ConvergenceWarning"}
+    assert ours == theirs
+
+
+def test_scorer_warnings_and_scoring_failed_reach_the_caller(client):
+    from sklearn.dummy import DummyClassifier
+    from sklearn.svm import LinearSVC
+
+    from tests.sklearn_steps import picky_scorer
+
+    grid = {"strategy": ["most_frequent", "stratified"], "random_state": [0]}
+    ours = warned(lambda: GridSearchCV(DummyClassifier(), grid, cv=2, scoring="precision", client=client).fit(XR, YC))
+    theirs = warned(lambda: ms.GridSearchCV(DummyClassifier(), grid, cv=2, scoring="precision").fit(XR, YC))
+    assert any(c == "UndefinedMetricWarning" for c, _ in theirs)
+    assert ours == theirs
+    grid = {"C": [1.0, 10.0]}
+    for error_score in (0.0, np.nan):  # nan: "Scoring failed", then the non-finite mean warning
+        search = GridSearchCV(LinearSVC(), grid, cv=2, scoring=picky_scorer, error_score=error_score, client=client)
+        ours = warned(lambda: search.fit(XR, YC))
+        theirs = warned(lambda: ms.GridSearchCV(LinearSVC(), grid, cv=2, scoring=picky_scorer,
+                                                error_score=error_score).fit(XR, YC))
+        assert sum(m.startswith("Scoring failed") for _, m in theirs) == 2
+        assert ours == theirs
+    table = search.quiver_result_.table
+    assert table["warnings"].str.contains("UserWarning on folds 0,1: Scoring failed").sum() == 1
+    assert [(w["candidate"], w["fold"]) for w in table.attrs["warnings"]] == [(1, 0), (1, 1)]
+    assert not any(c.startswith("_warnings") for c in table.columns)

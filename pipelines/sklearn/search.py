@@ -41,6 +41,7 @@ from ._compat import (
 )
 from .candidates import NO_FITS, check_candidates
 from .exploration import build
+from .relay import CHUNK, reemit, unpack
 from .results import Failed, fold_result, rows_by_candidate
 from .steps import MeanTest
 from .tokens import param_token
@@ -108,6 +109,21 @@ class _QuiverSearch:
             score_params = _check_method_params(X, params=routed.scorer.score, indices=test)
             _score(est, X_test, y_test, scorers, score_params, "raise")
 
+    @staticmethod
+    def _relay_warnings(result: Any, rows: list[dict], candidates: list[dict]) -> None:
+        """Raise the warnings the workers met here, candidate by candidate and fold by fold as
+        scikit-learn's own loop meets them; the table keeps each candidate's ``warnings``
+        summary, and ``table.attrs["warnings"]`` every record (candidate index, fold,
+        category, message)."""
+        met = []
+        for index, row in enumerate(rows):
+            for fold, (module, qualname, message, filename, lineno) in unpack(row):
+                met.append({"candidate": index, "fold": fold, "category": qualname, "message": message,
+                            "record": (module, qualname, message, filename, lineno)})
+        table = result.table = result.table.drop(columns=[c for c in result.table.columns if str(c).startswith(CHUNK)])
+        table.attrs["warnings"] = [{k: v for k, v in m.items() if k != "record"} for m in met]
+        reemit([m["record"] for m in met])
+
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y=None, **params):
         """Run the search as one Quiver exploration; the arguments are scikit-learn's.
@@ -154,6 +170,7 @@ class _QuiverSearch:
                 f"{failed} (and not when redone here, for {candidates[index]}). "
                 f"Traceback from the worker:\n{row.get('traceback')}"
             ) from None
+        self._relay_warnings(result, rows, candidates)
         names = list(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         out = [
             fold_result(row, f, multimetric_names=names, error_score=self.error_score, train=self.return_train_score)

@@ -7,8 +7,9 @@ data, for a scorer of the user's own), the fit and score seconds spent, and the 
 fit failed (later levels then pass it on without fitting, as scikit-learn scores a pipeline
 whose fit failed with ``error_score``).  The last level returns what scikit-learn's
 ``_fit_and_score`` returns (``test_scores``, ``train_scores``, ``n_test_samples``,
-``fit_time``, ``score_time``, ``fit_error``); :func:`summarize` flattens a candidate's folds
-into table scalars (``split0_test_score``, ..., ``mean_test_score``).
+``fit_time``, ``score_time``, ``fit_error``) and the warnings met on the way (``warnings``,
+recorded by :func:`pipelines.sklearn.relay.caught`); :func:`summarize` flattens a candidate's
+folds into table scalars (``split0_test_score``, ..., ``mean_test_score``, ``warnings``).
 
 >>> summarize([{"test_scores": 0.5, "n_test_samples": 2, "fit_time": 0.1, "score_time": 0.0, "fit_error": None},
 ...            {"test_scores": 1.0, "n_test_samples": 2, "fit_time": 0.2, "score_time": 0.0, "fit_error": None}],
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .relay import caught, pack
 from .tokens import Est, estimator_token, param_token, unwrap
 
 __all__ = ["load_data", "split_fold", "LevelStep", "FinalConfig", "collect_folds", "summarize", "MeanTest", "FitFailed"]
@@ -47,8 +49,9 @@ def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
 
     start = time.time()
     est, X, y = estimator.estimator, data["X"], data["y"]
-    X_train, y_train = _safe_split(est, X, y, train)
-    X_test, y_test = _safe_split(est, X, y, test, train)
+    with caught() as records:
+        X_train, y_train = _safe_split(est, X, y, train)
+        X_test, y_test = _safe_split(est, X, y, test, train)
     fold = {
         "X_train": X_train,
         "y_train": y_train,
@@ -59,7 +62,7 @@ def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
         "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
     }
     return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
-            "score_time": 0.0, "error": None}
+            "score_time": 0.0, "error": None, "warnings": records}
 
 
 def scores_transformed(scorer: Any) -> bool:
@@ -153,6 +156,13 @@ class LevelStep:
 
     # ---- running ------------------------------------------------------------------------
     def __call__(self, prev: dict, /, **params: Any) -> dict:
+        """The next prefix (or, on the last level, the fold's result), with the warnings met
+        so far on this candidate's path and fold under ``warnings`` (:mod:`.relay`)."""
+        with caught() as records:
+            out = self._run(prev, params)
+        return {**out, "warnings": list(prev.get("warnings", ())) + records}  # prev may be shared: not mutated
+
+    def _run(self, prev: dict, params: dict) -> dict:
         if prev["error"] is not None:
             return prev if self.final is None else self._scored(prev, None, prev["fit_time"], prev["error"])
         est = self.configure(params)
@@ -272,6 +282,7 @@ def summarize(folds: list, /, *, error_score: Any) -> dict:
     out: dict[str, Any] = {}
     means: dict[str, list] = {}
     metrics = ""
+    out.update(pack([list(fold.get("warnings", ())) for fold in folds]))
     for i, fold in enumerate(folds):
         if fold["fit_error"] is not None:
             if error_score == "raise":

@@ -47,3 +47,24 @@ def picky_scorer(estimator, X, y):
     if getattr(estimator, "C", 0) > 5:
         raise ValueError("picky_scorer refuses C > 5")
     return float(np.mean(estimator.predict(X) == y))
+
+
+class NeedsFrame(BaseEstimator):
+    """A regressor that refuses anything but a pandas DataFrame (``transform_output='pandas'``)."""
+
+    def __init__(self, shift=0.0):
+        self.shift = shift
+
+    def fit(self, X, y):
+        import pandas as pd
+
+        if not isinstance(X, pd.DataFrame):
+            raise TypeError(f"NeedsFrame wants a DataFrame, got {type(X).__name__}")
+        self.mean_ = float(np.mean(y)) + self.shift
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+    def score(self, X, y):
+        return -float(np.mean((self.predict(X) - y) ** 2))

@@ -163,3 +163,50 @@ def test_scorer_warnings_and_scoring_failed_reach_the_caller(client):
     assert table["warnings"].str.contains("UserWarning on folds 0,1: Scoring failed").sum() == 1
     assert [(w["candidate"], w["fold"]) for w in table.attrs["warnings"]] == [(1, 0), (1, 1)]
     assert not any(c.startswith("_warnings") for c in table.columns)
+
+
+# ---- point 2: scikit-learn's configuration holds in the workers' fits ----------------------
+def routed_search(cls, client=None, request=True):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, make_scorer
+
+    weighted = make_scorer(accuracy_score)
+    if request:
+        weighted = weighted.set_score_request(sample_weight=True)
+    est = LogisticRegression(max_iter=300).set_fit_request(sample_weight=False)
+    kwargs = {} if client is None else {"client": client}
+    plain = make_scorer(accuracy_score).set_score_request(sample_weight=False)
+    return cls(est, {"C": [0.01, 1.0]}, cv=3, scoring={"w": weighted, "acc": plain}, refit="w", **kwargs)
+
+
+def test_metadata_routing_holds_in_the_workers(client):
+    """The weighted scorer asks for ``sample_weight``: with routing on in the caller, only it
+    gets the weights, in the workers too (without the config there, both scorers got them)."""
+    weights = np.linspace(0.1, 5.0, len(YC))
+    with sklearn.config_context(enable_metadata_routing=True):
+        ours = routed_search(GridSearchCV, client).fit(XR, YC, sample_weight=weights)
+        theirs = routed_search(ms.GridSearchCV).fit(XR, YC, sample_weight=weights)
+    same_cv_results(ours, theirs)
+    assert not np.array_equal(theirs.cv_results_["mean_test_w"], theirs.cv_results_["mean_test_acc"])
+
+
+def test_unrequested_metadata_raises_sklearns_error(client):
+    weights = np.ones(len(YC))
+    with sklearn.config_context(enable_metadata_routing=True):
+        ours = raised(lambda: routed_search(GridSearchCV, client, request=False).fit(XR, YC, sample_weight=weights))
+        theirs = raised(lambda: routed_search(ms.GridSearchCV, request=False).fit(XR, YC, sample_weight=weights))
+    assert ours == theirs and ours[0].__name__ == "UnsetMetadataPassedError"
+
+
+def test_transform_output_config_holds_in_the_workers(client):
+    """``transform_output='pandas'``: a step that needs DataFrame input fails without it."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from tests.sklearn_steps import NeedsFrame
+
+    est = Pipeline([("scale", StandardScaler()), ("clf", NeedsFrame())])
+    with sklearn.config_context(transform_output="pandas"):
+        ours = GridSearchCV(est, {"clf__shift": [0.0, 1.0]}, cv=2, client=client, error_score="raise").fit(XR, YR)
+        theirs = ms.GridSearchCV(est, {"clf__shift": [0.0, 1.0]}, cv=2, error_score="raise").fit(XR, YR)
+    same_cv_results(ours, theirs)

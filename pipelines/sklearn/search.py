@@ -92,22 +92,26 @@ class _QuiverSearch:
 
     def _reraise_locally(self, X, y, params: dict, splits: list, routed: Any, scorers: Any, error: str) -> None:
         """A candidate's branch failed on the cluster: raise its own exception here, as
-        scikit-learn would (the cluster sends only text).  The fold splits fail outside the fit
-        whatever ``error_score`` is (a precomputed kernel that is not square), so they are
-        redone here first; with ``error_score='raise'`` the candidate is then fitted and scored
-        on the folds until one fails."""
+        scikit-learn would (the cluster sends only text), by redoing the candidate here fold by
+        fold as scikit-learn's ``_fit_and_score`` does until it raises: the split (which fails
+        whatever ``error_score`` is: a precomputed kernel that is not square), the fit (which
+        raises with ``error_score='raise'``), the scoring (which raises with ``'raise'``, and
+        for a multi-metric scorer always: unrequested metadata).  Returns if nothing raised."""
         from ._compat import _safe_split, _score
 
         for train, test in splits:
             est = clone(self.estimator).set_params(**clone(params, safe=False))
             X_train, y_train = _safe_split(est, X, y, train)
             X_test, y_test = _safe_split(est, X, y, test, train)
-            if self.error_score != "raise":
-                continue
             fit_params = _check_method_params(X, params=routed.estimator.fit, indices=train)
-            est.fit(X_train, **fit_params) if y_train is None else est.fit(X_train, y_train, **fit_params)
+            try:
+                est.fit(X_train, **fit_params) if y_train is None else est.fit(X_train, y_train, **fit_params)
+            except Exception:
+                if self.error_score == "raise":
+                    raise
+                continue
             score_params = _check_method_params(X, params=routed.scorer.score, indices=test)
-            _score(est, X_test, y_test, scorers, score_params, "raise")
+            _score(est, X_test, y_test, scorers, score_params, self.error_score)
 
     @staticmethod
     def _relay_warnings(result: Any, rows: list[dict], candidates: list[dict]) -> None:

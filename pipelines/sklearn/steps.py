@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import applied
 from .relay import caught, pack
 from .tokens import Est, estimator_token, param_token, unwrap
 
@@ -42,27 +43,28 @@ def load_data(*, X: Any, y: Any, fit_params: dict, score_params: dict) -> dict:
     return {"X": X, "y": y, "fit_params": fit_params, "score_params": score_params}
 
 
-def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
+def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: dict | None = None) -> dict:
     """One cross-validation fold, as scikit-learn splits it (pairwise kernels included): the
-    starting prefix of every candidate on this fold."""
+    starting prefix of every candidate on this fold.  ``config``: scikit-learn's configuration
+    at ``fit`` (:mod:`.config`), which every later step of the fold runs under."""
     from ._compat import _check_method_params, _safe_split
 
     start = time.time()
     est, X, y = estimator.estimator, data["X"], data["y"]
-    with caught() as records:
+    with applied(config), caught() as records:
         X_train, y_train = _safe_split(est, X, y, train)
         X_test, y_test = _safe_split(est, X, y, test, train)
-    fold = {
-        "X_train": X_train,
-        "y_train": y_train,
-        "X_test": X_test,
-        "y_test": y_test,
-        "fit_params": _check_method_params(X, params=data["fit_params"], indices=train),
-        "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
-        "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
-    }
+        fold = {
+            "X_train": X_train,
+            "y_train": y_train,
+            "X_test": X_test,
+            "y_test": y_test,
+            "fit_params": _check_method_params(X, params=data["fit_params"], indices=train),
+            "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
+            "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
+        }
     return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
-            "score_time": 0.0, "error": None, "warnings": records}
+            "score_time": 0.0, "error": None, "warnings": records, "config": config}
 
 
 def scores_transformed(scorer: Any) -> bool:
@@ -158,7 +160,7 @@ class LevelStep:
     def __call__(self, prev: dict, /, **params: Any) -> dict:
         """The next prefix (or, on the last level, the fold's result), with the warnings met
         so far on this candidate's path and fold under ``warnings`` (:mod:`.relay`)."""
-        with caught() as records:
+        with applied(prev.get("config")), caught() as records:
             out = self._run(prev, params)
         return {**out, "warnings": list(prev.get("warnings", ())) + records}  # prev may be shared: not mutated
 

@@ -210,3 +210,22 @@ def test_transform_output_config_holds_in_the_workers(client):
         ours = GridSearchCV(est, {"clf__shift": [0.0, 1.0]}, cv=2, client=client, error_score="raise").fit(XR, YR)
         theirs = ms.GridSearchCV(est, {"clf__shift": [0.0, 1.0]}, cv=2, error_score="raise").fit(XR, YR)
     same_cv_results(ours, theirs)
+
+
+# ---- point 6: verbose prints scikit-learn's lines in the caller ----------------------------
+def cv_lines(text):
+    return sorted(line.rsplit(" total time=", 1)[0] for line in text.splitlines() if line.startswith(("[CV", "Fitting")))
+
+
+@pytest.mark.parametrize("verbose, kind", [(2, "Client"), (3, "address"), (10, "Client")])
+def test_verbose_prints_sklearns_lines(client, capsys, verbose, kind):
+    value = client_values(client)[kind]
+    grid = {"alpha": [0.5, 2.0]}
+    GridSearchCV(Ridge(), grid, cv=3, verbose=verbose, client=value, return_train_score=True).fit(XR, YR)
+    ours = capsys.readouterr()
+    ms.GridSearchCV(Ridge(), grid, cv=3, verbose=verbose, return_train_score=True).fit(XR, YR)
+    theirs = capsys.readouterr()
+    assert len(cv_lines(theirs.out)) == (13 if verbose > 9 else 7)  # START lines at verbose > 9
+    assert cv_lines(ours.out) == cv_lines(theirs.out)
+    if kind == "address":
+        assert "dashboard" in ours.err  # the link is still shown

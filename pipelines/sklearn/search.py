@@ -22,8 +22,10 @@ pruning choose, which has not landed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,7 @@ from .relay import CHUNK, reemit, unpack
 from .results import Failed, fold_result, rows_by_candidate
 from .steps import MeanTest
 from .tokens import param_token
+from .verbose import Lines, start_line
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV"]
 
@@ -152,19 +155,34 @@ class _QuiverSearch:
             raise ValueError(NO_FITS)
         check_candidates(self.estimator, candidates)
         base = clone(self.estimator)
+        tokens = [param_token(c) for c in candidates]
+        if self.verbose > 0:
+            print(start_line(self.n_splits_, len(candidates)))
+        lines = None
+        if self.verbose > 1:
+            lines = Lines(f"quiver-sklearn-cv-{uuid.uuid4().hex}", self.verbose, candidates, tokens, self.n_splits_,
+                          self.return_train_score)
         compiled = build(
             base, candidates, X, y, splits,
             scorer=scorers, return_train_score=self.return_train_score, error_score=self.error_score,
             fit_params=routed.estimator.fit, score_params=routed.scorer.score,
-            name=type(self).__name__,
+            name=type(self).__name__, report=None if lines is None else lines.topic,
         )
         rank_by = refit_metric if isinstance(refit_metric, str) else None
         node = compiled.node.choose(MeanTest(rank_by), mode="max")
-        result = node.run(self.client, progress=self.progress, store=self.store, memory_budget=self.memory_budget,
-                          quiet=not self.verbose, raise_if_all_failed=False)
+        with contextlib.ExitStack() as stack:
+            client = self.client
+            if lines is not None and isinstance(client, str):  # our own connection, to hear the fits finish
+                from graph.cluster import connect
+
+                client = stack.enter_context(connect(client, quiet=not self.verbose))
+            if lines is not None and client is not None:
+                lines.listen(client)
+                stack.callback(lines.stop)
+            result = node.run(client, progress=self.progress, store=self.store, memory_budget=self.memory_budget,
+                              quiet=not self.verbose, raise_if_all_failed=False)
         self.quiver_result_ = result
         branches = (result.compiled or node.compile()).branches
-        tokens = [param_token(c) for c in candidates]
         try:
             rows = rows_by_candidate(result.table, branches, lambda b: compiled.candidate_token(b.choices), tokens)
         except Failed as failed:
@@ -181,6 +199,8 @@ class _QuiverSearch:
             for row in rows
             for f in range(self.n_splits_)
         ]
+        if lines is not None:  # the lines no event brought (an embedded cluster, results from a store)
+            lines.finish([out[i * self.n_splits_:(i + 1) * self.n_splits_] for i in range(len(candidates))])
         _warn_or_raise_about_fit_failures(out, self.error_score)
         if callable(self.scoring):
             _insert_error_scores(out, self.error_score)

@@ -27,6 +27,7 @@ import numpy as np
 
 from .config import applied
 from .relay import caught, pack
+from .verbose import send
 from .tokens import Est, estimator_token, param_token, unwrap
 
 __all__ = ["load_data", "split_fold", "LevelStep", "FinalConfig", "collect_folds", "summarize", "MeanTest", "FitFailed"]
@@ -43,10 +44,12 @@ def load_data(*, X: Any, y: Any, fit_params: dict, score_params: dict) -> dict:
     return {"X": X, "y": y, "fit_params": fit_params, "score_params": score_params}
 
 
-def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: dict | None = None) -> dict:
+def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: dict | None = None,
+               index: int = 0) -> dict:
     """One cross-validation fold, as scikit-learn splits it (pairwise kernels included): the
     starting prefix of every candidate on this fold.  ``config``: scikit-learn's configuration
-    at ``fit`` (:mod:`.config`), which every later step of the fold runs under."""
+    at ``fit`` (:mod:`.config`), which every later step of the fold runs under; ``index``: the
+    fold's number (for the ``verbose`` lines)."""
     from ._compat import _check_method_params, _safe_split
 
     start = time.time()
@@ -64,7 +67,7 @@ def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: 
             "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
         }
     return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
-            "score_time": 0.0, "error": None, "warnings": records, "config": config}
+            "score_time": 0.0, "error": None, "warnings": records, "config": config, "index": index, "params": {}}
 
 
 def scores_transformed(scorer: Any) -> bool:
@@ -84,13 +87,15 @@ class FinalConfig:
     """What the last level needs to score: the scorer(s), ``return_train_score``,
     ``error_score`` and the estimator the fitted steps are assembled into."""
 
-    __slots__ = ("scorer", "return_train_score", "error_score", "template")
+    __slots__ = ("scorer", "return_train_score", "error_score", "template", "report")
 
-    def __init__(self, scorer: Any, return_train_score: bool, error_score: Any, template: Any):
+    def __init__(self, scorer: Any, return_train_score: bool, error_score: Any, template: Any,
+                 report: str | None = None):
         self.scorer = scorer
         self.return_train_score = bool(return_train_score)
         self.error_score = error_score
         self.template = template
+        self.report = report  # the Dask event topic of the verbose lines (not part of the token)
 
     def __dask_tokenize__(self) -> Any:
         from dask.tokenize import tokenize
@@ -162,7 +167,13 @@ class LevelStep:
         so far on this candidate's path and fold under ``warnings`` (:mod:`.relay`)."""
         with applied(prev.get("config")), caught() as records:
             out = self._run(prev, params)
-        return {**out, "warnings": list(prev.get("warnings", ())) + records}  # prev may be shared: not mutated
+        out = {**out, "warnings": list(prev.get("warnings", ())) + records}  # prev may be shared: not mutated
+        candidate = {**prev.get("params", {}), **unwrap(params)}
+        if self.final is None:
+            out["params"] = candidate
+        elif self.final.report is not None:  # verbose >= 2: the caller prints this fit's line
+            send(self.final.report, param_token(candidate), prev.get("index", 0), out)
+        return out
 
     def _run(self, prev: dict, params: dict) -> dict:
         if prev["error"] is not None:

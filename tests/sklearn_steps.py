@@ -68,3 +68,28 @@ class NeedsFrame(BaseEstimator):
 
     def score(self, X, y):
         return -float(np.mean((self.predict(X) - y) ** 2))
+
+
+class CountingCallback:
+    """A scikit-learn fit callback (``sklearn.callback.FitCallback``) that counts its hooks and
+    records the tasks and the training rows they saw."""
+
+    def __init__(self):
+        self.counts = {"setup": 0, "on_fit_task_begin": 0, "on_fit_task_end": 0, "teardown": 0}
+        self.tasks = []
+        self.rows = []
+
+    def setup(self, estimator, context):
+        self.counts["setup"] += 1
+
+    def on_fit_task_begin(self, estimator, context, *, X=None, y=None, metadata=None):
+        self.counts["on_fit_task_begin"] += 1
+        self.tasks.append(("begin", context.task_name, context.task_id))
+        weights = None if metadata is None else float(np.sum(metadata["sample_weight"]))
+        self.rows.append((None if X is None else len(X), weights))
+
+    def on_fit_task_end(self, estimator, context, *, X=None, y=None, metadata=None):
+        self.counts["on_fit_task_end"] += 1
+
+    def teardown(self, estimator, context):
+        self.counts["teardown"] += 1

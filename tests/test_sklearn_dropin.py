@@ -229,3 +229,20 @@ def test_verbose_prints_sklearns_lines(client, capsys, verbose, kind):
     assert cv_lines(ours.out) == cv_lines(theirs.out)
     if kind == "address":
         assert "dashboard" in ours.err  # the link is still shown
+
+
+# ---- point 1: scikit-learn's fit callbacks ---------------------------------------------------
+def test_callbacks_called_as_sklearn_calls_them(client):
+    from tests.sklearn_steps import CountingCallback
+
+    def run(cls, **kwargs):
+        cb = CountingCallback()
+        search = cls(Ridge(), {"alpha": [0.5, 1.0, 2.0]}, cv=3, **kwargs).set_callbacks(cb)
+        search.fit(XR, YR, sample_weight=np.ones(len(YR)))
+        return cb
+
+    ours, theirs = run(GridSearchCV, client=client), run(ms.GridSearchCV)
+    assert theirs.counts == {"setup": 1, "on_fit_task_begin": 1 + 1 + 9 + 1, "on_fit_task_end": 12, "teardown": 1}
+    assert ours.counts == theirs.counts
+    assert ours.tasks == theirs.tasks  # the same task tree: names, ids, in the same order
+    assert ours.rows == theirs.rows  # the hooks saw the same training data sizes and weights

@@ -41,6 +41,7 @@ from ._compat import (
     _insert_error_scores,
     _warn_or_raise_about_fit_failures,
 )
+from .callbacks import Tree
 from .candidates import NO_FITS, check_candidates
 from .exploration import build
 from .relay import CHUNK, reemit, unpack
@@ -117,6 +118,27 @@ class _QuiverSearch:
             _score(est, X_test, y_test, scorers, score_params, self.error_score)
 
     @staticmethod
+    def _fold_args(base: Any, X: Any, y: Any, splits: list, routed: Any):
+        """``(candidate, fold) -> X, y, metadata`` of that fit for the callback hooks, as
+        callables (split here only if a hook asks; once per fold)."""
+        import functools
+
+        from ._compat import _safe_split
+
+        @functools.lru_cache(maxsize=None)
+        def fold(f: int):
+            train = splits[f][0]
+            X_train, y_train = _safe_split(base, X, y, train)
+            fit_params = _check_method_params(X, params=routed.estimator.fit, indices=train)
+            weight = fit_params.get("sample_weight")
+            return X_train, y_train, None if weight is None else {"sample_weight": weight}
+
+        def args(candidate: int, f: int) -> dict:
+            return {"X": lambda: fold(f)[0], "y": lambda: fold(f)[1], "metadata": lambda: fold(f)[2]}
+
+        return args
+
+    @staticmethod
     def _relay_warnings(result: Any, rows: list[dict], candidates: list[dict]) -> None:
         """Raise the warnings the workers met here, candidate by candidate and fold by fold as
         scikit-learn's own loop meets them; the table keeps each candidate's ``warnings``
@@ -142,6 +164,9 @@ class _QuiverSearch:
         X, y = indexable(X, y)
         params = _check_method_params(X, params=params)
         routed = self._get_routed_params_for_fit(params)
+        sample_weight = params.get("sample_weight")
+        tree = Tree(self, refit=self.refit)
+        tree.begin(X=X, y=y, metadata=None if sample_weight is None else {"sample_weight": sample_weight})
         cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
         self.n_splits_ = cv.get_n_splits(X, y, **routed.splitter.split)
         splits = list(cv.split(X, y, **routed.splitter.split))
@@ -201,6 +226,8 @@ class _QuiverSearch:
         ]
         if lines is not None:  # the lines no event brought (an embedded cluster, results from a store)
             lines.finish([out[i * self.n_splits_:(i + 1) * self.n_splits_] for i in range(len(candidates))])
+        tree.evaluated([(c, f) for c in range(len(candidates)) for f in range(self.n_splits_)],
+                       self._fold_args(base, X, y, splits, routed))
         _warn_or_raise_about_fit_failures(out, self.error_score)
         if callable(self.scoring):
             _insert_error_scores(out, self.error_score)
@@ -216,16 +243,18 @@ class _QuiverSearch:
             self.best_params_ = results["params"][self.best_index_]
         if self.refit:
             self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
-            start = time.time()
-            if y is not None:
-                self.best_estimator_.fit(X, y, **routed.estimator.fit)
-            else:
-                self.best_estimator_.fit(X, **routed.estimator.fit)
-            self.refit_time_ = time.time() - start
+            with tree.refit_context(self.best_estimator_):
+                start = time.time()
+                if y is not None:
+                    self.best_estimator_.fit(X, y, **routed.estimator.fit)
+                else:
+                    self.best_estimator_.fit(X, **routed.estimator.fit)
+                self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
         self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
         self.cv_results_ = results
+        tree.end()
         return self
 
 

@@ -246,3 +246,66 @@ def test_callbacks_called_as_sklearn_calls_them(client):
     assert ours.counts == theirs.counts
     assert ours.tasks == theirs.tasks  # the same task tree: names, ids, in the same order
     assert ours.rows == theirs.rows  # the hooks saw the same training data sizes and weights
+
+
+# ---- point 7: successive halving ----------------------------------------------------------
+HALVING_ATTRS = ("best_params_", "best_index_", "best_score_", "n_candidates_", "n_resources_", "n_iterations_",
+                 "n_possible_iterations_", "n_required_iterations_", "n_remaining_candidates_", "min_resources_",
+                 "max_resources_")
+
+
+def same_halving(ours, theirs):
+    same_cv_results(ours, theirs)
+    for attr in HALVING_ATTRS:
+        assert tokenize(getattr(ours, attr)) == tokenize(getattr(theirs, attr)), attr
+    np.testing.assert_array_equal(ours.predict(XH), theirs.predict(XH))
+
+
+XH, YH = None, None
+
+
+def halving_data():
+    global XH, YH
+    from sklearn.datasets import make_classification
+
+    XH, YH = make_classification(n_samples=120, n_features=6, random_state=0)
+    return XH, YH
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(factor=2, random_state=0),  # resource n_samples, min_resources exhaust
+    dict(factor=3, min_resources=20, max_resources=100, aggressive_elimination=True, random_state=1),
+])
+def test_halving_grid_matches_sklearn(client, kwargs):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import HalvingGridSearchCV as SkHalving
+
+    from pipelines.sklearn import HalvingGridSearchCV
+
+    X, y = halving_data()
+    grid = {"C": [0.001, 0.01, 0.1, 1.0, 10.0, 100.0], "fit_intercept": [True, False]}
+    ours = HalvingGridSearchCV(LogisticRegression(), grid, cv=3, client=client, **kwargs).fit(X, y)
+    theirs = SkHalving(LogisticRegression(), grid, cv=3, **kwargs).fit(X, y)
+    same_halving(ours, theirs)
+    assert len(ours.quiver_results_) == ours.n_iterations_ >= 2
+    assert list(ours.cv_results_["iter"]) == list(theirs.cv_results_["iter"])
+
+
+def test_halving_random_with_an_estimator_resource(client):
+    from scipy.stats import loguniform
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.model_selection import HalvingRandomSearchCV as SkHalving
+
+    from pipelines.sklearn import HalvingRandomSearchCV
+
+    X, y = halving_data()
+    dists = {"max_depth": [2, 3, 4, None], "min_samples_leaf": [1, 2, 4], "max_features": loguniform(0.3, 1.0)}
+    kwargs = dict(n_candidates=8, resource="n_estimators", max_resources=12, min_resources=3, factor=2, cv=2,
+                  random_state=0)
+    est = RandomForestClassifier(random_state=0)
+    ours = HalvingRandomSearchCV(est, dists, client=client, **kwargs).fit(X, y)
+    theirs = SkHalving(est, dists, **kwargs).fit(X, y)
+    same_halving(ours, theirs)
+    assert ours.n_resources_ == [3, 6, 12]

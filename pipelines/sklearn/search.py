@@ -245,9 +245,9 @@ class _QuiverHalving(_QuiverSearch):
         candidates left, with that iteration's resource (subsampled folds for
         ``resource="n_samples"``, else the estimator parameter set in each candidate).
 
-        Nothing is shared between iterations within a fit, except with a ``store``: then a
-        task whose key an earlier iteration already ran (a pipeline prefix that does not
-        depend on the resource, when ``resource`` is a parameter of the last step) is loaded.
+        Shared: inside an iteration, the pipeline prefixes its candidates have in common
+        (when they are a product over the steps, see :mod:`pipelines.sklearn.plan`); between
+        iterations nothing (each is its own run; ``n_samples`` subsamples each one's folds).
         """
         self._n_samples_orig = _num_samples(X)
         _QuiverSearch.fit.__wrapped__(self, X, y, **params)

@@ -101,7 +101,7 @@ class _QuiverSearch:
         metadata = None if sample_weight is None else {"sample_weight": sample_weight}
         root = root_context(self, X=X, y=y, metadata=metadata)
         self._checked_cv_orig = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
-        if hasattr(self, "_check_input_parameters"):  # scikit-learn >= 1.6 (the halving searches' checks)
+        if hasattr(self, "_check_input_parameters"):  # where scikit-learn has it (the halving searches check there)
             self._check_input_parameters(X=X, y=y, split_params=routed.splitter.split)
         self.n_splits_ = self._checked_cv_orig.get_n_splits(X, y, **routed.splitter.split)
         evaluate = Evaluator(self, X, y, routed, scorers, refit_metric)

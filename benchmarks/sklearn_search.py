@@ -3,6 +3,7 @@
     python benchmarks/sklearn_search.py             # full run (a few minutes on 2 cores)
     python benchmarks/sklearn_search.py --quick     # smoke test: 1 repetition, small problem
     python benchmarks/sklearn_search.py --checks    # also run all of scikit-learn's estimator checks
+    python benchmarks/sklearn_search.py --halving   # the successive-halving rows instead (see below)
 
 The search: ``Pipeline([scale: StandardScaler, pca: CostlyPCA (full SVD, the costly shared
 step), clf: LogisticRegression])`` over ``pca__n_components`` (4 values) x ``clf__C`` (10
@@ -21,6 +22,15 @@ exactly); a ``mean_test_score`` that differs is flagged (dask-ml weights the mea
 test folds' sizes, scikit-learn and Quiver do not).  Wall time: median of the repetitions, methods interleaved.
 Results go to ``benchmarks/results/sklearn_search.json``; the load average is recorded
 because the machine may be shared.
+
+``--halving``: successive halving on the same pipeline and data, ``pca__n_components`` (4
+values: 5, 10, 20, 30) x ``clf__C`` (25 values) = 100 candidates, ``factor=2``,
+``resource="n_samples"``, 5 folds, ``random_state=0``, ``refit=False``: (h)
+``pipelines.sklearn.HalvingGridSearchCV`` on the LocalCluster, (i) scikit-learn's
+``HalvingGridSearchCV(n_jobs=2)``, (j) the same with ``Pipeline(memory=...)``.  Each
+iteration subsamples the folds, so a PCA fit is shared only inside an iteration: Quiver fits
+one per (n_components, fold, iteration).  Checked: same ``best_params_``, ``n_candidates_``,
+``n_resources_`` and split scores as (i).  Results: ``benchmarks/results/sklearn_halving.json``.
 """
 
 from __future__ import annotations
@@ -105,6 +115,93 @@ def timed(method, cfg, X, y, client):
             shutil.rmtree(cache, ignore_errors=True)
 
 
+HALVING_FULL = dict(n_samples=3000, n_features=400, components=[5, 10, 20, 30], C=list(np.logspace(-3, 2, 25)),
+                    folds=5)
+HALVING_QUICK = dict(n_samples=400, n_features=40, components=[2, 4], C=[0.01, 0.1, 1.0, 10.0], folds=3)
+HALVING_NAMES = {
+    "h": "(h) Quiver HalvingGridSearchCV",
+    "i": "(i) sklearn HalvingGridSearchCV(n_jobs=2)",
+    "j": "(j) sklearn halving, Pipeline(memory)",
+}
+
+
+def halving_timed(method, cfg, X, y, client):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    log = tempfile.mkdtemp(prefix="quiver-bench-fits-")
+    cache = tempfile.mkdtemp(prefix="quiver-bench-cache-") if method == "j" else None
+    kwargs = dict(factor=2, cv=cfg["folds"], refit=False, random_state=0)
+    try:
+        est = pipeline(log, memory=cache)
+        t0 = time.perf_counter()
+        if method == "h":
+            from pipelines.sklearn import HalvingGridSearchCV
+
+            search = HalvingGridSearchCV(est, grid(cfg), client=client, progress=False, **kwargs).fit(X, y)
+            extra = {"executed_tasks": sum(r.stats["executed_tasks"] for r in search.quiver_results_),
+                     "unique_tasks": sum(r.stats["unique_tasks"] for r in search.quiver_results_)}
+        else:
+            from sklearn.model_selection import HalvingGridSearchCV
+
+            search = HalvingGridSearchCV(est, grid(cfg), n_jobs=2, **kwargs).fit(X, y)
+            extra = {}
+        wall = time.perf_counter() - t0
+        res = search.cv_results_
+        summary = {"best_params": {k: float(v) for k, v in sorted(search.best_params_.items())},
+                   "n_candidates": list(search.n_candidates_), "n_resources": list(search.n_resources_),
+                   "splits": [[float(res[f"split{f}_test_score"][i]) for f in range(cfg["folds"])]
+                              for i in range(len(res["params"]))]}
+        return wall, len(os.listdir(log)), summary, extra
+    finally:
+        shutil.rmtree(log, ignore_errors=True)
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def halving_main(args):
+    cfg = HALVING_QUICK if args.quick else HALVING_FULL
+    repeats = args.repeats or 1
+    output = args.output or RESULTS / ("sklearn_halving.quick.json" if args.quick else "sklearn_halving.json")
+    methods = [m for m in (args.methods if set(args.methods) <= set("hij") else "hij")]
+    X, y = make_classification(cfg["n_samples"], cfg["n_features"], n_informative=20, n_classes=3, random_state=0)
+    n_candidates = len(cfg["components"]) * len(cfg["C"])
+    print(f"halving: {n_candidates} candidates x {cfg['folds']} folds, factor 2, X {X.shape}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    from distributed import Client, LocalCluster
+
+    import pipelines.sklearn  # noqa: F401  imported before timing
+
+    runs = {m: [] for m in methods}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        for rep in range(repeats):
+            for m in methods:
+                wall, fits, summary, extra = halving_timed(m, cfg, X, y, client)
+                runs[m].append({"wall_s": wall, "prefix_fits": fits, "summary": summary, **extra})
+                print(f"  rep {rep}: {HALVING_NAMES[m]:42s} {wall:7.2f} s  prefix fits {fits}")
+    ref = runs[methods[0]][0]["summary"]
+    rows = {}
+    print(f"\n{'method':42s} {'median s':>8s} {'prefix fits':>11s}   same best_params_, n_candidates_, n_resources_, split scores")
+    for m in methods:
+        walls = [r["wall_s"] for r in runs[m]]
+        same = all(r["summary"] == ref for r in runs[m])
+        rows[m] = {"median_s": statistics.median(walls), "walls_s": walls,
+                   "prefix_fits": [r["prefix_fits"] for r in runs[m]], "same_as_first": same,
+                   **{k: v for k, v in runs[m][0].items() if k in ("executed_tasks", "unique_tasks")}}
+        print(f"{HALVING_NAMES[m]:42s} {rows[m]['median_s']:8.2f} {max(rows[m]['prefix_fits']):11d}   "
+              f"{'yes' if same else 'NO'}")
+    record = {"benchmark": "sklearn_halving", "mode": "quick" if args.quick else "full", "config": cfg,
+              "n_candidates": n_candidates, "repeats": repeats, "nproc": os.cpu_count(),
+              "load_average_end": os.getloadavg(), "versions": versions(),
+              "n_candidates_per_iteration": ref["n_candidates"], "n_resources_per_iteration": ref["n_resources"],
+              "best_params": ref["best_params"],
+              "methods": {HALVING_NAMES[m]: rows[m] for m in methods},
+              "command": "python " + " ".join(["benchmarks/sklearn_search.py", *sys.argv[1:]])}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"wrote {output}")
+
+
 def estimator_checks(client):
     """All of scikit-learn's estimator checks on a classifier and a regressor search."""
     from sklearn.linear_model import Ridge
@@ -158,7 +255,11 @@ def main(argv=None):
                     help="repetitions of (b), the slowest (default: --repeats); its first runs interleave with the others")
     ap.add_argument("--checks", action="store_true", help="also run scikit-learn's estimator checks")
     ap.add_argument("--output", type=Path, default=None)
+    ap.add_argument("--halving", action="store_true",
+                    help="run the successive-halving rows instead: (h) Quiver, (i) sklearn n_jobs=2, (j) with memory")
     args = ap.parse_args(argv)
+    if args.halving:
+        return halving_main(args)
     cfg = QUICK if args.quick else FULL
     repeats = args.repeats or (1 if args.quick else 3)
     output = args.output or RESULTS / ("sklearn_search.quick.json" if args.quick else "sklearn_search.json")

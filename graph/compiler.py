@@ -53,6 +53,7 @@ __all__ = [
     "dependents_of",
     "extract_metric",
     "metric_failure_cause",
+    "params_token",
     "scalar_entries",
 ]
 
@@ -89,10 +90,18 @@ class ChoosePoint:
     metric_keys: list[str]
 
     def group_of(self, i: int) -> Any:
+        """The ``per`` group of input ``i``: ``(label, params)`` of its alternative of the
+        ``per`` explore, or ``(label, ("token", <token of params>))`` when the parameter values
+        cannot be hashed (arrays): groups are dict keys, and an array has no ``==`` that says
+        equal or not."""
         if self.spec.per is None:
             return None
         for name, label, params in self.inputs[i].choice_items:
             if name == self.spec.per:
+                try:
+                    hash(params)
+                except TypeError:
+                    return (label, ("token", params_token(params)))
                 return (label, params)
         return None
 
@@ -220,6 +229,22 @@ class _Compiler:
         self.memo: dict[int, list[Branch]] = {}
         self.size_hints: dict[str, int] = {}
         self._collections = None
+        self._ptokens: dict[int, tuple[tuple, str]] = {}  # id(params) -> (params, token)
+
+    def _same_choice(self, a: tuple, b: tuple) -> bool:
+        """Two ``(label, params)`` choices are the same alternative: same label, parameters
+        equal by token (cached per params tuple: combines compare the same tuples many times)."""
+        if a[0] != b[0]:
+            return False
+        if a[1] is b[1]:
+            return True
+        return self._params_token(a[1]) == self._params_token(b[1])
+
+    def _params_token(self, params: tuple) -> str:
+        hit = self._ptokens.get(id(params))
+        if hit is None or hit[0] is not params:
+            hit = self._ptokens[id(params)] = (params, params_token(params))
+        return hit[1]
 
     @property
     def collections(self):
@@ -295,7 +320,7 @@ class _Compiler:
             ok = True
             for b in combo:
                 for name, label, params in b.choice_items:
-                    if name in merged and merged[name] != (label, params):
+                    if name in merged and not self._same_choice(merged[name], (label, params)):
                         ok = False
                         break
                     merged.setdefault(name, (label, params))
@@ -353,6 +378,23 @@ class _Compiler:
             Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),), lazy=b.lazy)
             for i, b in enumerate(inputs)
         ]
+
+
+def params_token(params: Any) -> str:
+    """The deterministic token of an alternative's parameters: how the compiler tells two
+    alternatives' parameters equal (``==`` on an array is no answer, and ``1 == 1.0 == True``).
+
+    >>> import numpy as np
+    >>> params_token((("a", np.array([1.0, 2.0])),)) == params_token((("a", np.array([1.0, 2.0])),))
+    True
+    >>> params_token((("a", 1),)) == params_token((("a", 1.0),))
+    False
+    """
+    import dask
+    from dask.tokenize import tokenize
+
+    with dask.config.set({"tokenize.ensure-deterministic": True}):
+        return tokenize(params)
 
 
 def _lazy_branch(items: tuple, key: str, lineage: tuple, gates: tuple, lazy: Any) -> Branch:

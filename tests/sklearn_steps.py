@@ -40,3 +40,56 @@ def pick_second(cv_results):
     """A ``refit`` callable: the candidate ranked second (or the first if there is one)."""
     order = np.argsort(cv_results["rank_test_score"], kind="stable")
     return int(order[1] if len(order) > 1 else order[0])
+
+
+def picky_scorer(estimator, X, y):
+    """Accuracy, except that it fails for ``C > 5`` (scikit-learn warns "Scoring failed")."""
+    if getattr(estimator, "C", 0) > 5:
+        raise ValueError("picky_scorer refuses C > 5")
+    return float(np.mean(estimator.predict(X) == y))
+
+
+class NeedsFrame(BaseEstimator):
+    """A regressor that refuses anything but a pandas DataFrame (``transform_output='pandas'``)."""
+
+    def __init__(self, shift=0.0):
+        self.shift = shift
+
+    def fit(self, X, y):
+        import pandas as pd
+
+        if not isinstance(X, pd.DataFrame):
+            raise TypeError(f"NeedsFrame wants a DataFrame, got {type(X).__name__}")
+        self.mean_ = float(np.mean(y)) + self.shift
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+    def score(self, X, y):
+        return -float(np.mean((self.predict(X) - y) ** 2))
+
+
+class CountingCallback:
+    """A scikit-learn fit callback (``sklearn.callback.FitCallback``) that counts its hooks and
+    records the tasks and the training rows they saw."""
+
+    def __init__(self):
+        self.counts = {"setup": 0, "on_fit_task_begin": 0, "on_fit_task_end": 0, "teardown": 0}
+        self.tasks = []
+        self.rows = []
+
+    def setup(self, estimator, context):
+        self.counts["setup"] += 1
+
+    def on_fit_task_begin(self, estimator, context, *, X=None, y=None, metadata=None):
+        self.counts["on_fit_task_begin"] += 1
+        self.tasks.append(("begin", context.task_name, context.task_id))
+        weights = None if metadata is None else float(np.sum(metadata["sample_weight"]))
+        self.rows.append((None if X is None else len(X), weights))
+
+    def on_fit_task_end(self, estimator, context, *, X=None, y=None, metadata=None):
+        self.counts["on_fit_task_end"] += 1
+
+    def teardown(self, estimator, context):
+        self.counts["teardown"] += 1

@@ -2,9 +2,11 @@
 
 - :class:`GridSearchCV`, :class:`RandomizedSearchCV`: drop-in for scikit-learn's (they are
   subclasses), run as one exploration that fits each (step prefix, parameters, fold) once.
+- :class:`HalvingGridSearchCV`, :class:`HalvingRandomSearchCV`: scikit-learn's successive
+  halving, each iteration one exploration over the candidates left.
 - :func:`from_sklearn`: the same exploration as a node, to add chooses, steps or a budget.
 
-``HalvingGridSearchCV`` is not here yet: it needs the pruning choose, which has not landed.
+What is identical to scikit-learn's classes and what differs: docs/sklearn-dropin.md.
 
 >>> from pipelines.sklearn import GridSearchCV
 >>> GridSearchCV.__mro__[2].__module__
@@ -12,6 +14,6 @@
 """
 
 from .exploration import from_sklearn
-from .search import GridSearchCV, RandomizedSearchCV
+from .search import GridSearchCV, HalvingGridSearchCV, HalvingRandomSearchCV, RandomizedSearchCV
 
-__all__ = ["GridSearchCV", "RandomizedSearchCV", "from_sklearn"]
+__all__ = ["GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV", "from_sklearn"]

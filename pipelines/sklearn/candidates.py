@@ -15,14 +15,17 @@ from typing import Any
 from sklearn import model_selection as _ms
 from sklearn.base import clone
 
-__all__ = ["check_candidates", "scorers_for"]
+__all__ = ["check_candidates", "scorers_for", "NO_FITS"]
+
+#: scikit-learn's error for a search with no candidates or no folds, word for word
+NO_FITS = "No fits were performed. Was the CV iterator empty? Were there no candidates?"
 
 
 def check_candidates(estimator: Any, candidates: list[dict]) -> None:
     """Refuse a search with no candidates, or a parameter the estimator does not have,
     before anything runs (scikit-learn's own ``set_params`` message names the parameter)."""
     if not candidates:
-        raise ValueError("No fits were performed. Were there no candidates? The parameter grid is empty.")
+        raise ValueError(NO_FITS)
     seen: set[str] = set()
     for params in candidates:
         keys = repr(sorted(params))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..builder import Pipeline, combine
+from .config import captured
 from .plan import SINGLE, Levels, plan_levels
 from .steps import FinalConfig, LevelStep, as_folds, collect_folds, load_data, scores_transformed, split_fold, summarize
 from .tokens import Est, param_token, unwrap, wrap
@@ -94,12 +95,19 @@ def build(
     fit_params: dict | None = None,
     score_params: dict | None = None,
     name: str = "sklearn-search",
+    config: dict | None = None,
+    report: str | None = None,
 ) -> Compiled:
-    """The exploration of ``candidates`` x ``splits`` as a Quiver node (nothing runs)."""
+    """The exploration of ``candidates`` x ``splits`` as a Quiver node (nothing runs).
+    ``config``: scikit-learn's configuration the steps run under (default: the one in force
+    now, :func:`pipelines.sklearn.config.captured`); ``report``: the Dask event topic each fit's
+    result is sent on, for the ``verbose`` lines (:mod:`pipelines.sklearn.verbose`)."""
+    if config is None:
+        config = captured()
     fit_params = dict(fit_params or {})
     names = steps_of(estimator, fit_params)
     levels = plan_levels(names, candidates, token=param_token)
-    final = FinalConfig(scorer, return_train_score, error_score, estimator)
+    final = FinalConfig(scorer, return_train_score, error_score, estimator, report)
     bases = dict(estimator.steps) if levels.split else {SINGLE: estimator}
     transformed = scores_transformed(scorer)
     level_alts = []
@@ -116,8 +124,8 @@ def build(
         level_alts.append(alts)
     data = Pipeline(name).source(load_data, X=X, y=y, fit_params=fit_params, score_params=dict(score_params or {}))
     folds = []
-    for train, test in splits:
-        node = data.then(split_fold, estimator=Est(estimator), train=train, test=test)
+    for index, (train, test) in enumerate(splits):
+        node = data.then(split_fold, estimator=Est(estimator), train=train, test=test, config=config, index=index)
         for level, alts in zip(levels.names, level_alts):
             node = node.explore(level, *alts)
         folds.append(node)

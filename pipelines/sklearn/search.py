@@ -1,4 +1,4 @@
-"""Drop-in ``GridSearchCV`` / ``RandomizedSearchCV`` that run as one Quiver exploration.
+"""Drop-in scikit-learn searches that run as Quiver explorations on a Dask cluster.
 
 They *are* scikit-learn's classes (subclasses), with the same constructor arguments and
 fitted attributes; only ``fit`` differs: the search is compiled into one Quiver exploration
@@ -10,8 +10,10 @@ Quiver's own arguments: ``client`` (a ``distributed.Client``, a scheduler addres
 ``None`` for an embedded ``LocalCluster`` per fit), ``memory_budget`` (e.g. ``"2 GiB"``),
 ``store`` (a result-store directory: a rerun loads every fold fit it has already done) and
 ``progress``.  ``n_jobs`` and ``pre_dispatch`` are accepted and ignored: the cluster's
-workers are the parallelism.  ``HalvingGridSearchCV`` is not provided yet: it needs the
-pruning choose, which has not landed.
+workers are the parallelism.  ``HalvingGridSearchCV`` / ``HalvingRandomSearchCV`` run
+scikit-learn's own successive halving, each iteration one Quiver run over the surviving
+candidates with that iteration's resource.  What is identical to scikit-learn and what
+differs: docs/sklearn-dropin.md.
 
 >>> from sklearn.svm import SVC
 >>> from sklearn.datasets import load_iris
@@ -22,109 +24,97 @@ pruning choose, which has not landed.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import time
 from typing import Any
 
 import numpy as np
 from sklearn import model_selection as _ms
 from sklearn.base import clone, is_classifier
-from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
+from sklearn.experimental import enable_halving_search_cv  # noqa: F401  (scikit-learn's halving classes)
+from sklearn.model_selection import HalvingGridSearchCV as _SkHalvingGrid
+from sklearn.model_selection import HalvingRandomSearchCV as _SkHalvingRandom
+from sklearn.model_selection import check_cv
 from sklearn.utils.validation import indexable
 
-from ._compat import (
-    _MultimetricScorer,
-    _check_method_params,
-    _fit_context,
-    _insert_error_scores,
-    _warn_or_raise_about_fit_failures,
-)
-from .candidates import check_candidates
-from .exploration import build
-from .results import Failed, fold_result, rows_by_candidate
-from .steps import MeanTest
-from .tokens import param_token
+from ._compat import _MultimetricScorer, _check_method_params, _fit_context, _num_samples
+from .callbacks import refit_hooks, root_context
+from .evaluate import Evaluator
 
-__all__ = ["GridSearchCV", "RandomizedSearchCV"]
+__all__ = ["GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV"]
 
 _QUIVER_CONSTRAINTS = {"client": "no_validation", "memory_budget": "no_validation", "store": "no_validation",
                        "progress": ["boolean", None]}
 
 
+def _scheduler_address(client: Any) -> str | None:
+    """The scheduler address of a ``distributed.Client`` (``None`` for anything else)."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    if not isinstance(client, Client):
+        return None
+    return client.scheduler.address
+
+
 class _QuiverSearch:
     """``fit`` for a scikit-learn search: one Quiver exploration instead of joblib."""
 
-    def _candidates(self) -> list[dict]:  # pragma: no cover - each class defines it
-        raise NotImplementedError
+    # ---- a Client as ``client=``: passed by reference, pickled as its scheduler address ------
+    def __sklearn_clone__(self):
+        """``sklearn.base.clone``: scikit-learn's own clone, except that ``client`` is the same
+        object in the clone (a ``Client`` holds a connection: it cannot be deep-copied, and the
+        clone should run on the same cluster)."""
+        proxy = copy.copy(self)  # shallow: self is left as it is (another thread may be using it)
+        proxy.client = None
+        new = super(_QuiverSearch, proxy).__sklearn_clone__()
+        new.client = self.client
+        return new
 
-    def _reraise_locally(self, X, y, params: dict, splits: list, routed: Any, scorers: Any, error: str) -> None:
-        """``error_score='raise'``: raise the candidate's own exception, as scikit-learn would,
-        by fitting and scoring it here on the folds until one fails (the cluster sends only text)."""
-        from ._compat import _safe_split, _score
-
-        for train, test in splits:
-            est = clone(self.estimator).set_params(**clone(params, safe=False))
-            X_train, y_train = _safe_split(est, X, y, train)
-            X_test, y_test = _safe_split(est, X, y, test, train)
-            fit_params = _check_method_params(X, params=routed.estimator.fit, indices=train)
-            est.fit(X_train, **fit_params) if y_train is None else est.fit(X_train, y_train, **fit_params)
-            score_params = _check_method_params(X, params=routed.scorer.score, indices=test)
-            _score(est, X_test, y_test, scorers, score_params, "raise")
-        raise RuntimeError(f"a fit failed on the cluster (and not when re-run here) for {params}: {error}")
+    def __getstate__(self):
+        """Pickle as scikit-learn does; a ``Client`` given as ``client`` is pickled as its
+        scheduler address (a connection cannot be pickled), so the unpickled search runs on the
+        same scheduler if it is still there, and predicts without it."""
+        state = dict(super().__getstate__())
+        address = _scheduler_address(state.get("client"))
+        if address is not None:
+            state["client"] = address
+        return state
 
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y=None, **params):
-        """Run the search as one Quiver exploration; the arguments are scikit-learn's.
+        """Run the search on the cluster; the arguments are scikit-learn's.
 
-        Sets scikit-learn's fitted attributes, plus ``quiver_result_`` (the run's
-        :class:`pipelines.Result`: ``table`` with one row per distinct candidate, ``stats``).
+        As scikit-learn's ``fit``, with scikit-learn's own ``_run_search`` choosing what to
+        evaluate; each batch of candidates it evaluates is one Quiver run
+        (:class:`pipelines.sklearn.evaluate.Evaluator`).  Sets scikit-learn's fitted
+        attributes, plus ``quiver_result_`` (the last run's :class:`pipelines.Result`: ``table``
+        with one row per distinct candidate, ``stats``) and ``quiver_results_`` (every run's).
         """
         scorers, refit_metric = self._get_scorers()
         X, y = indexable(X, y)
         params = _check_method_params(X, params=params)
         routed = self._get_routed_params_for_fit(params)
-        cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
-        self.n_splits_ = cv.get_n_splits(X, y, **routed.splitter.split)
-        splits = list(cv.split(X, y, **routed.splitter.split))
-        if len(splits) != self.n_splits_:
-            raise ValueError(
-                "cv.split and cv.get_n_splits return inconsistent results. "
-                f"Expected {self.n_splits_} splits, got {len(splits)}"
-            )
-        candidates = list(self._candidates())
-        check_candidates(self.estimator, candidates)
-        base = clone(self.estimator)
-        compiled = build(
-            base, candidates, X, y, splits,
-            scorer=scorers, return_train_score=self.return_train_score, error_score=self.error_score,
-            fit_params=routed.estimator.fit, score_params=routed.scorer.score,
-            name=type(self).__name__,
-        )
-        rank_by = refit_metric if isinstance(refit_metric, str) else None
-        node = compiled.node.choose(MeanTest(rank_by), mode="max")
-        result = node.run(self.client, progress=self.progress, store=self.store, memory_budget=self.memory_budget,
-                          quiet=not self.verbose, raise_if_all_failed=False)
-        self.quiver_result_ = result
-        branches = (result.compiled or node.compile()).branches
-        tokens = [param_token(c) for c in candidates]
+        sample_weight = params.get("sample_weight")
+        metadata = None if sample_weight is None else {"sample_weight": sample_weight}
+        root = root_context(self, X=X, y=y, metadata=metadata)
+        self._checked_cv_orig = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        if hasattr(self, "_check_input_parameters"):  # where scikit-learn has it (the halving searches check there)
+            self._check_input_parameters(X=X, y=y, split_params=routed.splitter.split)
+        self.n_splits_ = self._checked_cv_orig.get_n_splits(X, y, **routed.splitter.split)
+        evaluate = Evaluator(self, X, y, routed, scorers, refit_metric)
         try:
-            rows = rows_by_candidate(result.table, branches, lambda b: compiled.candidate_token(b.choices), tokens)
-        except Failed as failed:
-            index, row = failed.rows[0]
-            if self.error_score == "raise":
-                self._reraise_locally(X, y, candidates[index], splits, routed, scorers, row.get("error"))
-            raise RuntimeError(
-                f"{failed}. Traceback from the worker:\n{row.get('traceback')}"
-            ) from None
-        names = list(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
-        out = [
-            fold_result(row, f, multimetric_names=names, error_score=self.error_score, train=self.return_train_score)
-            for row in rows
-            for f in range(self.n_splits_)
-        ]
-        _warn_or_raise_about_fit_failures(out, self.error_score)
-        if callable(self.scoring):
-            _insert_error_scores(out, self.error_score)
-        results = self._format_results(candidates, self.n_splits_, out, {})
+            if root is not None and "callback_ctx" in inspect.signature(self._run_search).parameters:
+                self._run_search(evaluate, callback_ctx=root)
+            else:
+                self._run_search(evaluate)
+        finally:
+            if evaluate.runs:
+                self.quiver_results_ = list(evaluate.runs)
+                self.quiver_result_ = evaluate.runs[-1]
+        results, out = evaluate.results, evaluate.out
         self.multimetric_ = isinstance(out[0]["test_scores"], dict)
         if callable(self.scoring) and self.multimetric_:
             self._check_refit_for_multimetric(out[0]["test_scores"])
@@ -135,17 +125,20 @@ class _QuiverSearch:
                 self.best_score_ = results[f"mean_test_{refit_metric}"][self.best_index_]
             self.best_params_ = results["params"][self.best_index_]
         if self.refit:
-            self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
-            start = time.time()
-            if y is not None:
-                self.best_estimator_.fit(X, y, **routed.estimator.fit)
-            else:
-                self.best_estimator_.fit(X, **routed.estimator.fit)
-            self.refit_time_ = time.time() - start
+            self.best_estimator_ = clone(evaluate.base).set_params(**clone(self.best_params_, safe=False))
+            with refit_hooks(root, self, self.best_estimator_, X=X, y=y, metadata=metadata):
+                start = time.time()
+                if y is not None:
+                    self.best_estimator_.fit(X, y, **routed.estimator.fit)
+                else:
+                    self.best_estimator_.fit(X, **routed.estimator.fit)
+                self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
         self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
         self.cv_results_ = results
+        if root is not None:
+            root.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata)
         return self
 
 
@@ -192,9 +185,6 @@ class GridSearchCV(_QuiverSearch, _ms.GridSearchCV):
         self.memory_budget = memory_budget
         self.store = store
         self.progress = progress
-
-    def _candidates(self) -> list[dict]:
-        return list(ParameterGrid(self.param_grid))
 
 
 class RandomizedSearchCV(_QuiverSearch, _ms.RandomizedSearchCV):
@@ -246,5 +236,136 @@ class RandomizedSearchCV(_QuiverSearch, _ms.RandomizedSearchCV):
         self.store = store
         self.progress = progress
 
-    def _candidates(self) -> list[dict]:
-        return list(ParameterSampler(self.param_distributions, self.n_iter, random_state=self.random_state))
+
+class _QuiverHalving(_QuiverSearch):
+    """``fit`` of the halving searches: scikit-learn's bookkeeping around :class:`_QuiverSearch`'s."""
+
+    @_fit_context(prefer_skip_nested_validation=False)
+    def fit(self, X, y=None, **params):
+        """Run scikit-learn's successive halving, each iteration one Quiver run over the
+        candidates left, with that iteration's resource (subsampled folds for
+        ``resource="n_samples"``, else the estimator parameter set in each candidate).
+
+        Shared: inside an iteration, the pipeline prefixes its candidates have in common
+        (when they are a product over the steps, see :mod:`pipelines.sklearn.plan`); between
+        iterations nothing (each is its own run; ``n_samples`` subsamples each one's folds).
+        """
+        self._n_samples_orig = _num_samples(X)
+        _QuiverSearch.fit.__wrapped__(self, X, y, **params)
+        self.best_score_ = self.cv_results_["mean_test_score"][self.best_index_]
+        return self
+
+
+class HalvingGridSearchCV(_QuiverHalving, _SkHalvingGrid):
+    """scikit-learn's ``HalvingGridSearchCV`` (same arguments, ``cv_results_`` with ``iter``
+    and ``n_resources``, ``n_candidates_``, ``n_resources_``, ...), each iteration one Quiver
+    run; plus ``client``, ``memory_budget``, ``store``, ``progress``.  ``n_jobs`` is ignored.
+
+    >>> HalvingGridSearchCV(None, {}, factor=2).get_params()["factor"]
+    2
+    """
+
+    _parameter_constraints: dict = {**_SkHalvingGrid._parameter_constraints, **_QUIVER_CONSTRAINTS}
+
+    def __init__(
+        self,
+        estimator,
+        param_grid,
+        *,
+        factor=3,
+        resource="n_samples",
+        max_resources="auto",
+        min_resources="exhaust",
+        aggressive_elimination=False,
+        cv=5,
+        scoring=None,
+        refit=True,
+        error_score=np.nan,
+        return_train_score=True,
+        random_state=None,
+        n_jobs=None,
+        verbose=0,
+        client=None,
+        memory_budget=None,
+        store=None,
+        progress=None,
+    ):
+        super().__init__(
+            estimator,
+            param_grid,
+            factor=factor,
+            resource=resource,
+            max_resources=max_resources,
+            min_resources=min_resources,
+            aggressive_elimination=aggressive_elimination,
+            cv=cv,
+            scoring=scoring,
+            refit=refit,
+            error_score=error_score,
+            return_train_score=return_train_score,
+            random_state=random_state,
+            n_jobs=n_jobs,
+            verbose=verbose,
+        )
+        self.client = client
+        self.memory_budget = memory_budget
+        self.store = store
+        self.progress = progress
+
+
+class HalvingRandomSearchCV(_QuiverHalving, _SkHalvingRandom):
+    """scikit-learn's ``HalvingRandomSearchCV`` (same arguments and attributes), each
+    iteration one Quiver run; plus ``client``, ``memory_budget``, ``store``, ``progress``.
+
+    >>> HalvingRandomSearchCV(None, {}, n_candidates=9).get_params()["n_candidates"]
+    9
+    """
+
+    _parameter_constraints: dict = {**_SkHalvingRandom._parameter_constraints, **_QUIVER_CONSTRAINTS}
+
+    def __init__(
+        self,
+        estimator,
+        param_distributions,
+        *,
+        n_candidates="exhaust",
+        factor=3,
+        resource="n_samples",
+        max_resources="auto",
+        min_resources="smallest",
+        aggressive_elimination=False,
+        cv=5,
+        scoring=None,
+        refit=True,
+        error_score=np.nan,
+        return_train_score=True,
+        random_state=None,
+        n_jobs=None,
+        verbose=0,
+        client=None,
+        memory_budget=None,
+        store=None,
+        progress=None,
+    ):
+        super().__init__(
+            estimator,
+            param_distributions,
+            n_candidates=n_candidates,
+            factor=factor,
+            resource=resource,
+            max_resources=max_resources,
+            min_resources=min_resources,
+            aggressive_elimination=aggressive_elimination,
+            cv=cv,
+            scoring=scoring,
+            refit=refit,
+            error_score=error_score,
+            return_train_score=return_train_score,
+            random_state=random_state,
+            n_jobs=n_jobs,
+            verbose=verbose,
+        )
+        self.client = client
+        self.memory_budget = memory_budget
+        self.store = store
+        self.progress = progress

@@ -7,8 +7,9 @@ data, for a scorer of the user's own), the fit and score seconds spent, and the 
 fit failed (later levels then pass it on without fitting, as scikit-learn scores a pipeline
 whose fit failed with ``error_score``).  The last level returns what scikit-learn's
 ``_fit_and_score`` returns (``test_scores``, ``train_scores``, ``n_test_samples``,
-``fit_time``, ``score_time``, ``fit_error``); :func:`summarize` flattens a candidate's folds
-into table scalars (``split0_test_score``, ..., ``mean_test_score``).
+``fit_time``, ``score_time``, ``fit_error``) and the warnings met on the way (``warnings``,
+recorded by :func:`pipelines.sklearn.relay.caught`); :func:`summarize` flattens a candidate's
+folds into table scalars (``split0_test_score``, ..., ``mean_test_score``, ``warnings``).
 
 >>> summarize([{"test_scores": 0.5, "n_test_samples": 2, "fit_time": 0.1, "score_time": 0.0, "fit_error": None},
 ...            {"test_scores": 1.0, "n_test_samples": 2, "fit_time": 0.2, "score_time": 0.0, "fit_error": None}],
@@ -24,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from .config import applied
+from .relay import caught, pack
+from .verbose import send
 from .tokens import Est, estimator_token, param_token, unwrap
 
 __all__ = ["load_data", "split_fold", "LevelStep", "FinalConfig", "collect_folds", "summarize", "MeanTest", "FitFailed"]
@@ -40,26 +44,30 @@ def load_data(*, X: Any, y: Any, fit_params: dict, score_params: dict) -> dict:
     return {"X": X, "y": y, "fit_params": fit_params, "score_params": score_params}
 
 
-def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any) -> dict:
+def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: dict | None = None,
+               index: int = 0) -> dict:
     """One cross-validation fold, as scikit-learn splits it (pairwise kernels included): the
-    starting prefix of every candidate on this fold."""
+    starting prefix of every candidate on this fold.  ``config``: scikit-learn's configuration
+    at ``fit`` (:mod:`.config`), which every later step of the fold runs under; ``index``: the
+    fold's number (for the ``verbose`` lines)."""
     from ._compat import _check_method_params, _safe_split
 
     start = time.time()
     est, X, y = estimator.estimator, data["X"], data["y"]
-    X_train, y_train = _safe_split(est, X, y, train)
-    X_test, y_test = _safe_split(est, X, y, test, train)
-    fold = {
-        "X_train": X_train,
-        "y_train": y_train,
-        "X_test": X_test,
-        "y_test": y_test,
-        "fit_params": _check_method_params(X, params=data["fit_params"], indices=train),
-        "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
-        "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
-    }
+    with applied(config), caught() as records:
+        X_train, y_train = _safe_split(est, X, y, train)
+        X_test, y_test = _safe_split(est, X, y, test, train)
+        fold = {
+            "X_train": X_train,
+            "y_train": y_train,
+            "X_test": X_test,
+            "y_test": y_test,
+            "fit_params": _check_method_params(X, params=data["fit_params"], indices=train),
+            "score_params_train": _check_method_params(X, params=data["score_params"], indices=train),
+            "score_params_test": _check_method_params(X, params=data["score_params"], indices=test),
+        }
     return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
-            "score_time": 0.0, "error": None}
+            "score_time": 0.0, "error": None, "warnings": records, "config": config, "index": index, "params": {}}
 
 
 def scores_transformed(scorer: Any) -> bool:
@@ -79,13 +87,15 @@ class FinalConfig:
     """What the last level needs to score: the scorer(s), ``return_train_score``,
     ``error_score`` and the estimator the fitted steps are assembled into."""
 
-    __slots__ = ("scorer", "return_train_score", "error_score", "template")
+    __slots__ = ("scorer", "return_train_score", "error_score", "template", "report")
 
-    def __init__(self, scorer: Any, return_train_score: bool, error_score: Any, template: Any):
+    def __init__(self, scorer: Any, return_train_score: bool, error_score: Any, template: Any,
+                 report: str | None = None):
         self.scorer = scorer
         self.return_train_score = bool(return_train_score)
         self.error_score = error_score
         self.template = template
+        self.report = report  # the Dask event topic of the verbose lines (not part of the token)
 
     def __dask_tokenize__(self) -> Any:
         from dask.tokenize import tokenize
@@ -153,6 +163,19 @@ class LevelStep:
 
     # ---- running ------------------------------------------------------------------------
     def __call__(self, prev: dict, /, **params: Any) -> dict:
+        """The next prefix (or, on the last level, the fold's result), with the warnings met
+        so far on this candidate's path and fold under ``warnings`` (:mod:`.relay`)."""
+        with applied(prev.get("config")), caught() as records:
+            out = self._run(prev, params)
+        out = {**out, "warnings": list(prev.get("warnings", ())) + records}  # prev may be shared: not mutated
+        candidate = {**prev.get("params", {}), **unwrap(params)}
+        if self.final is None:
+            out["params"] = candidate
+        elif self.final.report is not None:  # verbose >= 2: the caller prints this fit's line
+            send(self.final.report, param_token(candidate), prev.get("index", 0), out)
+        return out
+
+    def _run(self, prev: dict, params: dict) -> dict:
         if prev["error"] is not None:
             return prev if self.final is None else self._scored(prev, None, prev["fit_time"], prev["error"])
         est = self.configure(params)
@@ -272,6 +295,7 @@ def summarize(folds: list, /, *, error_score: Any) -> dict:
     out: dict[str, Any] = {}
     means: dict[str, list] = {}
     metrics = ""
+    out.update(pack([list(fold.get("warnings", ())) for fold in folds]))
     for i, fold in enumerate(folds):
         if fold["fit_error"] is not None:
             if error_score == "raise":

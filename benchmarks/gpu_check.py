@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 
 __all__ = ["Step", "STEPS", "gpu_test_files", "preflight", "run_step", "summarize", "main"]
 
+GPU_ONLY = ("cuda", "cupy")  # needs the CPU smoke mode (--cpu) does without
 MIN_BOX = 10  # seconds: a step left less than this by the budget is skipped, not started
 OUT_FILE_LIMIT = 8  # files the device brings back from $OUT
 
@@ -46,6 +47,11 @@ class Context:
     work: Path
     deadline: float
     dry_run: bool = False
+    device: str = "cuda"  # "cpu": the smoke mode (--cpu), the same steps on CPU workers, small sizes
+
+    def pick(self, gpu: list[str], cpu: list[str]) -> list[str]:
+        """A step's arguments on the GPU, or in the CPU smoke mode."""
+        return cpu if self.device == "cpu" else gpu
 
 
 @dataclass(frozen=True)
@@ -82,34 +88,39 @@ def _pytest(junit: str, fixture: str | None = None) -> Callable[[Context], list[
     return cmd
 
 
-def _steps_py(step: str, *args: str) -> Callable[[Context], list[str]]:
-    return lambda ctx: [ctx.py, str(HERE / "gpu_steps.py"), step, "--out", str(ctx.work / f"{step}.json"), *args]
+def _steps_py(step: str, gpu: tuple[str, ...] = (), cpu: tuple[str, ...] = ()) -> Callable[[Context], list[str]]:
+    return lambda ctx: [ctx.py, str(HERE / "gpu_steps.py"), step, "--out", str(ctx.work / f"{step}.json"),
+                        *ctx.pick(list(gpu), list(cpu))]
 
 
 STEPS: list[Step] = [
-    Step("versions", 25, "Python, package versions and paths, torch's view of the GPU, the driver",
+    Step("versions", 40, "Python, package versions and paths, torch's view of the GPU, the driver",
          (), _steps_py("versions"), json_out="versions.json"),
-    Step("tests-1worker", 80, "the gpu-marked tests, clusters of one dask-cuda worker per GPU",
+    Step("tests-1worker", 75, "the gpu-marked tests, clusters of one dask-cuda worker per GPU",
          ("cuda", "dask_cuda", "pytest"), _pytest("pytest-1worker.xml"),
          env={"QUIVER_TEST_WORKERS_PER_GPU": "1"}, junit_out="pytest-1worker.xml"),
-    Step("tests-2workers", 60, "the gpu-marked cluster tests again, two dask-cuda workers sharing each GPU "
+    Step("tests-2workers", 50, "the gpu-marked cluster tests again, two dask-cuda workers sharing each GPU "
          "(the cross-worker device path)", ("cuda", "dask_cuda", "pytest"),
          _pytest("pytest-2workers.xml", "workers_per_gpu"),
          env={"QUIVER_TEST_WORKERS_PER_GPU": "2"}, junit_out="pytest-2workers.xml"),
     Step("replicas", 45, "SMA replica throughput by replicas per GPU, 1 up to the auto-tuner's stop, "
          "batch 16 and 64, and the tuner's choice", ("cuda", "dask_cuda", "mlxtend"),
-         _steps_py("replicas", "--batches", "16,64", "--max-replicas", "64"), json_out="replicas.json"),
+         _steps_py("replicas", ("--batches", "16,64", "--max-replicas", "64"),
+                   ("--device", "cpu", "--batches", "16", "--max-replicas", "3")), json_out="replicas.json"),
     Step("packing", 40, "packed training branches vs one configuration at a time, samples/s "
          "(benchmarks/packing.py on the GPU)", ("cuda", "mlxtend"),
-         lambda ctx: [ctx.py, str(HERE / "packing.py"), "--device", "cuda", "--repeats", "2",
+         lambda ctx: [ctx.py, str(HERE / "packing.py"), *ctx.pick(["--device", "cuda", "--repeats", "2"], ["--quick"]),
                       "--output", str(ctx.work / "packing.json")], json_out="packing.json"),
     Step("tta", 85, "time to a stated accuracy: SMA (auto replicas, batch 16) vs S-SGD, each lr tuned "
          "(benchmarks/sma_vs_ssgd.py --quick on one dask-cuda worker)", ("cuda", "dask_cuda"),
-         lambda ctx: [ctx.py, str(HERE / "sma_vs_ssgd.py"), "--quick", "--device", "cuda", "--workers", "1",
-                      "--lr-grid", "0.01,0.03,0.1,0.3", "--out", str(ctx.work / "tta.json")], json_out="tta.json"),
+         lambda ctx: [ctx.py, str(HERE / "sma_vs_ssgd.py"), "--quick",
+                      *ctx.pick(["--device", "cuda", "--workers", "1", "--lr-grid", "0.01,0.03,0.1,0.3"],
+                                ["--workers", "2", "--lr-grid", "0.1,0.3"]),
+                      "--out", str(ctx.work / "tta.json")], json_out="tta.json"),
     Step("allreduce", 60, "all-reduce of device buffers between two workers sharing the GPU, 1 KB-64 MB, "
          "over tcp and (if it travelled) ucxx", ("cuda", "dask_cuda", "cupy"),
-         _steps_py("allreduce", "--protocols", "tcp,ucxx"), json_out="allreduce.json"),
+         _steps_py("allreduce", ("--protocols", "tcp,ucxx"),
+                   ("--device", "cpu", "--protocols", "tcp", "--max-bytes", str(1 << 20))), json_out="allreduce.json"),
     Step("cudf", 15, "a cudf exploration under a device memory budget, or why cudf could not travel",
          (), lambda ctx: [ctx.py, str(HERE / "gpu_steps.py"), "cudf", "--out", str(ctx.work / "cudf.json"),
                           *gpu_test_files()], json_out="cudf.json"),
@@ -133,9 +144,11 @@ def _cuda_missing() -> str | None:
     return _cuda_cache["why"]
 
 
-def preflight(step: Step) -> str | None:
+def preflight(step: Step, device: str = "cuda") -> str | None:
     """``None`` if the step can run here, else why not (naming what to do about it)."""
     for need in step.needs:
+        if need in GPU_ONLY and device == "cpu":
+            continue
         if need == "cuda":
             why = _cuda_missing()
             if why:
@@ -228,6 +241,11 @@ def _kill_group(pgid: int, sig: int) -> None:
 # --------------------------------------------------------------------------------- summary
 
 
+def _num(v) -> str:
+    """A figure for a summary line ("n/r": not reached)."""
+    return "n/r" if v is None else f"{v:.2f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+
+
 def _headline(rec: dict) -> str:
     r = rec.get("result") or {}
     try:
@@ -255,10 +273,10 @@ def _headline(rec: dict) -> str:
         if name == "tta":
             out = []
             for ds, d in r.get("datasets", {}).items():
-                s = d.get("summary", {})
-                out.append(f"{ds} target {d.get('target')}: " + ", ".join(
-                    f"{m} {s[m].get('seconds_to_target_median')} s / {s[m].get('epochs_to_target_median')} ep"
-                    for m in s) + f"; verdict {d.get('verdict', {}).get('speedup')}")
+                s, v = d.get("summary", {}), d.get("verdict", {})
+                out.append(f"{ds} to {d.get('target')}: " + ", ".join(
+                    f"{m} {_num(s[m].get('seconds_to_target_median'))} s/{_num(s[m].get('epochs_to_target_median'))} ep"
+                    for m in s) + f"; SMA {_num(v.get('speedup'))}x sooner than {v.get('best_ssgd')}")
             return "; ".join(out)
         if name == "allreduce":
             out = []
@@ -266,9 +284,10 @@ def _headline(rec: dict) -> str:
                 if p.get("status") != "ok":
                     out.append(f"{proto}: {p.get('status')} ({p.get('reason') or p.get('error')})")
                     continue
-                secs = p["members"][0]["ring/cuda"]["seconds_by_bytes"]
+                dev = r.get("device", "cuda")
+                secs = p["members"][0][f"ring/{dev}"]["seconds_by_bytes"]
                 big = max(secs, key=int)
-                out.append(f"{proto}: {int(big) >> 20} MB ring on device {1e3 * secs[big]:.1f} ms "
+                out.append(f"{proto}: {int(big) >> 20} MB ring on {dev} {1e3 * secs[big]:.1f} ms "
                            f"({int(big) / secs[big] / 1e9:.2f} GB/s), sums right: {p.get('correct')}")
             return "; ".join(out)
         if name == "cudf":
@@ -287,6 +306,9 @@ def summarize(records: list[dict]) -> str:
             head = rec.get("reason")
         elif rec["status"] == "would-run":
             head = rec.get("setup") or "would run"
+        elif rec["status"] in ("failed", "timeout"):
+            head = "; ".join(x for x in (rec.get("reason") or f"exit {rec.get('rc')}",
+                                         _headline(rec) if rec.get("result") else "") if x)
         else:
             head = _headline(rec)
         lines.append(f"{rec['step']:<15} {rec['status']:<9} {took:>11}  {head}")
@@ -345,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma list of steps to run (a rerun)")
     ap.add_argument("--skip", default="", help="comma list of steps to leave out")
     ap.add_argument("--dry-run", action="store_true", help="print what each step would do; run set-ups only")
+    ap.add_argument("--cpu", action="store_true",
+                    help="smoke mode for a machine without a GPU: the same steps on CPU workers, small sizes")
     ap.add_argument("--install-status", default="skipped")
     ap.add_argument("--install-seconds", type=float, default=0.0)
     ap.add_argument("--install-reason", default="")
@@ -359,11 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     start = a.start or time.time()
     a.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="quiver-gpu-check-"))  # the steps' JSON, folded into results.jsonl
-    ctx = Context(py=a.python, out=a.out, work=work, deadline=start + a.budget, dry_run=a.dry_run)
+    ctx = Context(py=a.python, out=a.out, work=work, deadline=start + a.budget, dry_run=a.dry_run,
+                  device="cpu" if a.cpu else "cuda")
     records: list[dict] = []
     _record(ctx, records, {"step": "install", "status": a.install_status, "seconds": a.install_seconds,
                            "box_s": a.install_seconds, "reason": a.install_reason})
-    print(f"gpu_check: {'DRY RUN, ' if a.dry_run else ''}budget {a.budget:.0f} s "
+    print(f"gpu_check: {'DRY RUN, ' if a.dry_run else ''}{'CPU SMOKE MODE, ' if a.cpu else ''}budget {a.budget:.0f} s "
           f"({time.time() - start:.0f} s spent before the steps), results in {a.out}")
     for step in STEPS:
         print(f"\n== {step.name} (time box {step.box} s): {step.what}")
@@ -372,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             _record(ctx, records, {"step": step.name, "status": "skipped", "reason": "not selected (--only/--skip)"})
             print("   skipped: not selected (--only/--skip)")
             continue
-        why = preflight(step)
+        why = preflight(step, ctx.device)
         if a.dry_run:
             line = _dry_setup(step, ctx)
             if line:

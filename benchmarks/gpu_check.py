@@ -36,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 __all__ = ["Step", "STEPS", "gpu_test_files", "preflight", "run_step", "summarize", "main"]
 
 GPU_ONLY = ("cuda", "cupy")  # needs the CPU smoke mode (--cpu) does without
-MIN_BOX = 10  # seconds: a step left less than this by the budget is skipped, not started
+MIN_BOX = 10
+TEST_TIMEOUT = 50  # seconds per gpu test (a cluster's start, a gang, a packed run: ~10-20 s each)  # seconds: a step left less than this by the budget is skipped, not started
 OUT_FILE_LIMIT = 8  # files the device brings back from $OUT
 
 
@@ -83,7 +84,9 @@ def gpu_test_files(fixture: str | None = None) -> list[str]:
 
 def _pytest(junit: str, fixture: str | None = None) -> Callable[[Context], list[str]]:
     def cmd(ctx: Context) -> list[str]:
-        return [ctx.py, "-m", "pytest", *gpu_test_files(fixture), "-m", "gpu", "-q", "-rs",
+        # -v: each test's outcome reaches log.txt as it ends (the junit XML is written only at
+        # the end); --timeout: a hung test (a transport) fails alone instead of eating the box
+        return [ctx.py, "-m", "pytest", *gpu_test_files(fixture), "-m", "gpu", "-v", "-rs", f"--timeout={TEST_TIMEOUT}",
                 "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={ctx.out / junit}"]
     return cmd
 

@@ -106,39 +106,38 @@ def _probe(module: str, dists: str, do_import: bool = True) -> tuple[str, str]:
 
 def versions(out: Path, do_import: bool = True) -> dict:
     """Python, packages (name -> 'version path' or 'not importable: why'), torch's GPU view, driver.
-    ``do_import=False`` (the dry run): only where each package is installed, nothing imported."""
+    ``do_import=False`` (the dry run): only where each package is installed, nothing imported.
+    The JSON is written after the GPU view and again after each package, so a cut-off probe
+    still leaves the rest."""
     data: dict = {"python": sys.version.split()[0], "executable": sys.executable,
                   "platform": platform.platform(), "nproc": os.cpu_count(),
-                  "pythonpath": os.environ.get("PYTHONPATH", "")}
-    with ThreadPoolExecutor(8) as pool:
-        data["packages"] = dict(pool.map(lambda kv: _probe(*kv, do_import), MODULES.items()))
-    if not do_import:
+                  "pythonpath": os.environ.get("PYTHONPATH", ""), "packages": {}}
+    if do_import:
+        try:
+            import torch
+
+            data["torch_cuda"] = {"available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+                                  "devices": [{"name": torch.cuda.get_device_name(i),
+                                               "capability": list(torch.cuda.get_device_capability(i)),
+                                               "memory_gib": torch.cuda.get_device_properties(i).total_memory / 2**30}
+                                              for i in range(torch.cuda.device_count())]}
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised: the check goes on
+            data["torch_cuda"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            data["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception as exc:  # noqa: BLE001
+            data["driver"] = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        print(f"  torch CUDA: {data['torch_cuda']}\n  driver: {data['driver']}")
         _write(out, data)
-        for k, v in data["packages"].items():
-            print(f"  {k:<18} {v}")
-        return data
-    try:
-        import torch
-
-        data["torch_cuda"] = {"available": torch.cuda.is_available(), "cuda": torch.version.cuda,
-                              "devices": [{"name": torch.cuda.get_device_name(i),
-                                           "capability": list(torch.cuda.get_device_capability(i)),
-                                           "memory_gib": torch.cuda.get_device_properties(i).total_memory / 2**30}
-                                          for i in range(torch.cuda.device_count())]}
-    except Exception as exc:  # noqa: BLE001 - recorded, not raised: the check goes on
-        data["torch_cuda"] = {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        data["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001
-        data["driver"] = f"NVML unavailable: {type(exc).__name__}: {exc}"
-    _write(out, data)
-    for k, v in data["packages"].items():
-        print(f"  {k:<18} {v}")
-    print(f"  torch CUDA: {data['torch_cuda']}\n  driver: {data['driver']}")
+    with ThreadPoolExecutor(min(12, len(MODULES))) as pool:
+        for name, line in pool.map(lambda kv: _probe(*kv, do_import), MODULES.items()):
+            data["packages"][name] = line
+            print(f"  {name:<18} {line}", flush=True)
+            _write(out, data)
     return data
 
 

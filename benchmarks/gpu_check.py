@@ -35,14 +35,17 @@ HERE = Path(__file__).resolve().parent
 
 __all__ = ["Step", "STEPS", "gpu_test_files", "preflight", "run_step", "summarize", "main"]
 
-GPU_ONLY = ("cuda", "cupy")  # needs the CPU smoke mode (--cpu) does without
-MIN_BOX = 10
-TEST_TIMEOUT = 50  # seconds per gpu test (a cluster's start, a gang, a packed run: ~10-20 s each)  # seconds: a step left less than this by the budget is skipped, not started
+GPU_ONLY = ("cuda", "cupy", "dask_cuda")  # needs the CPU smoke mode (--cpu) does without
+MIN_BOX = 10  # seconds: a step the budget leaves less than this is skipped, not started
+TEST_TIMEOUT = 50  # seconds per gpu test (a cluster's start, a gang, a packed run: ~10-20 s each)
 OUT_FILE_LIMIT = 8  # files the device brings back from $OUT
 
 
 @dataclass
 class Context:
+    """Where a run stands: the Python the steps use, OUT, the work folder for the steps' JSON,
+    the budget's deadline (epoch seconds), and the mode."""
+
     py: str
     out: Path
     work: Path

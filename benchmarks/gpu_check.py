@@ -261,7 +261,7 @@ def _headline(rec: dict) -> str:
         if name == "versions":
             pk = r.get("packages", {})
             devs = [d.get("name") for d in r.get("torch_cuda", {}).get("devices", [])]
-            return (f"torch {pk.get('torch', '?').split()[0]}, GPUs {devs}, dask_cuda {pk.get('dask_cuda', '?')[:40]}, "
+            return (f"torch {pk.get('torch', '? ').split()[0]}, GPUs {devs}, dask_cuda {pk.get('dask_cuda', '?')[:40]}, "
                     f"ucxx {pk.get('distributed_ucxx', '?')[:40]}, driver {r.get('driver')}")
         if name.startswith("tests"):
             bad = [c["test"] for c in r.get("cases", []) if c["outcome"] in ("failure", "error")]

@@ -38,7 +38,7 @@ import platform
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,11 +134,14 @@ def versions(out: Path, do_import: bool = True) -> dict:
             data["driver"] = f"NVML unavailable: {type(exc).__name__}: {exc}"
         print(f"  torch CUDA: {data['torch_cuda']}\n  driver: {data['driver']}")
         _write(out, data)
-    with ThreadPoolExecutor(min(12, len(MODULES))) as pool:
-        for name, line in pool.map(lambda kv: _probe(*kv, do_import), MODULES.items()):
+    with ThreadPoolExecutor(min(12, len(MODULES))) as pool:  # recorded as each lands, not in order
+        for done in as_completed([pool.submit(_probe, m, d, do_import) for m, d in MODULES.items()]):
+            name, line = done.result()
             data["packages"][name] = line
             print(f"  {name:<18} {line}", flush=True)
             _write(out, data)
+    data["packages"] = {m: data["packages"][m] for m in MODULES}
+    _write(out, data)
     return data
 
 

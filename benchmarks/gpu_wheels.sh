@@ -48,4 +48,4 @@ echo "carrying $(wc -l < "$TMP/want.txt") wheels: $(tr '\n' ' ' < "$TMP/want.txt
 rm -rf "$DEST"
 mkdir -p "$DEST"
 "$PY" -m pip download --quiet --no-deps "${TAGS[@]}" -d "$DEST" -r "$TMP/want.txt"
-"$PY" benchmarks/gpu_wheelset.py check "$DEST" --fit
+"$PY" benchmarks/gpu_wheelset.py check "$DEST" --fit "${UCX[@]}"

@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("folder", type=Path)
     c.add_argument("--fit", action="store_true", help="delete the UCX wheels when tree + wheels > limit - margin")
     c.add_argument("--json", type=Path, help="also write the report here")
+    c.add_argument("--no-ucx", action="store_true", help="the folder was fetched without the UCX wheels")
     a = ap.parse_args(argv)
     if a.cmd == "roots":
         print("\n".join(roots(ucx=not a.no_ucx)))
@@ -245,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"left out: {name}: {why}", file=sys.stderr)
         print("\n".join(f"{n}=={v}" for n, v in sorted(walk["carry"].items())))
         return 1 if walk["problems"] else 0
-    rep = check_dir(a.folder)
+    rep = check_dir(a.folder, ucx=not a.no_ucx)
     tree = tree_bytes()
     budget = LIMIT_BYTES - MARGIN_BYTES
     rep.update(tree_bytes=tree, total_bytes=tree + rep["wheel_bytes"], limit_bytes=LIMIT_BYTES,
-               margin_bytes=MARGIN_BYTES, ucx_dropped=False)
+               margin_bytes=MARGIN_BYTES, ucx_dropped=a.no_ucx)
     if a.fit and rep["total_bytes"] > budget and rep["ucx_wheels"]:
         for name in rep["ucx_wheels"]:
             (a.folder / name).unlink()
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wheels {_mib(rep['wheel_bytes'])} ({len(rep['wheels'])} files) + working tree {_mib(tree)} "
           f"= {_mib(rep['total_bytes'])} of the {_mib(LIMIT_BYTES)} a run call carries "
           f"(kept {_mib(MARGIN_BYTES)} spare)")
-    print("UCX wheels: " + ("dropped: they do not fit" if rep["ucx_dropped"] else
+    print("UCX wheels: " + ("left out" if a.no_ucx else "dropped: they do not fit" if rep["ucx_dropped"] else
                             f"carried ({_mib(sum(rep['wheels'][n] for n in rep['ucx_wheels']))})"))
     for name, why in rep["left_out"].items():
         print(f"left out: {name}: {why}")

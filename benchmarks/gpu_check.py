@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -424,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = run_step(step, ctx, min(step.box, left))
         print(f"   {rec['status']} in {rec['seconds']:.0f} s" + (f": {rec['reason']}" if rec.get("reason") else ""))
         _record(ctx, records, rec)
+    shutil.rmtree(work, ignore_errors=True)  # its JSON is in results.jsonl now
     print("\n" + summarize(records))
     files = [p for p in a.out.rglob("*") if p.is_file()]
     if len(files) > OUT_FILE_LIMIT:

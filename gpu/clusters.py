@@ -2,7 +2,8 @@
 
 ``cluster()`` returns a ``dask_cuda.LocalCUDACluster`` (one worker per GPU) where GPUs and
 dask-cuda exist, and an equivalent CPU ``LocalCluster`` (one single-threaded worker process
-per stand-in "GPU") otherwise, so the same script runs on both.
+per stand-in "GPU") otherwise, so the same script runs on both. ``workers_per_gpu=2`` gives
+each GPU two dask-cuda workers (a one-GPU host then has a cross-worker path to exercise).
 
 >>> with cluster(n_workers=2) as c:          # doctest: +SKIP
 ...     c.scheduler_address.startswith("tcp://127.0.0.1")
@@ -11,10 +12,11 @@ True
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
-__all__ = ["cluster", "gpu_count"]
+__all__ = ["cluster", "gpu_count", "share_workers"]
 
 _PROTOCOLS = {None: None, "tcp": "tcp", "ucx": "ucxx", "ucxx": "ucxx"}
 
@@ -44,6 +46,7 @@ def cluster(
     use_gpu: bool | None = None,
     memory_budget: Any = None,
     device_memory_budget: Any = None,
+    workers_per_gpu: int = 1,
     **kwargs: Any,
 ):
     """Start a local training cluster.
@@ -58,7 +61,12 @@ def cluster(
     plan's eviction order on the workers' spill buffers).
     ``device_memory_budget`` (GPU hosts): total GPU memory for results, split into each
     worker's ``device_memory_limit``, above which dask-cuda spills device -> host.
+    ``workers_per_gpu`` (GPU hosts): dask-cuda workers sharing each GPU (default 1, dask-cuda's
+    one per GPU); ``n_workers`` then counts up to ``gpus * workers_per_gpu``. Budgets are split
+    over all workers, so two workers on one GPU each get half its ``device_memory_budget``.
     """
+    if not isinstance(workers_per_gpu, int) or isinstance(workers_per_gpu, bool) or workers_per_gpu < 1:
+        raise ValueError(f"workers_per_gpu={workers_per_gpu!r} must be an int >= 1 (e.g. 2 to share each GPU by two workers)")
     if protocol not in _PROTOCOLS:
         raise ValueError(f"protocol={protocol!r}: use None, 'tcp', 'ucx' or 'ucxx'")
     proto = _PROTOCOLS[protocol]
@@ -73,7 +81,8 @@ def cluster(
     if use_gpu is None:
         use_gpu = gpus > 0
     common: dict[str, Any] = dict(dashboard_address=dashboard_address, **kwargs)
-    n = (min(n_workers or gpus, gpus) if use_gpu else n_workers or max(1, min(4, os.cpu_count() or 1))) or 1
+    slots = gpus * workers_per_gpu
+    n = (min(n_workers or slots, slots) if use_gpu else n_workers or max(1, min(4, os.cpu_count() or 1))) or 1
     if memory_budget is not None:
         common["memory_limit"] = _share(memory_budget, n)
     if device_memory_budget is not None:
@@ -89,9 +98,17 @@ def cluster(
             from dask_cuda import LocalCUDACluster
         except ImportError:
             raise ValueError("GPU clusters need the gpu extra: pip install 'quiver[gpu]' (dask-cuda[cu12])") from None
-        if n_workers is not None:
-            common["CUDA_VISIBLE_DEVICES"] = list(range(min(n_workers, gpus)))
-        return LocalCUDACluster(threads_per_worker=threads_per_worker, **common)
+        devices = -(-n // workers_per_gpu)  # GPUs in use: ceil(n / workers_per_gpu)
+        if n_workers is not None or workers_per_gpu > 1:
+            common["CUDA_VISIBLE_DEVICES"] = list(range(devices))
+        c = LocalCUDACluster(threads_per_worker=threads_per_worker, **common)
+        if n > devices:
+            try:
+                share_workers(c, n)
+            except BaseException:
+                c.close()
+                raise
+        return c
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -101,3 +118,20 @@ def cluster(
         host="127.0.0.1",
         **common,
     )
+
+
+def share_workers(spec_cluster: Any, n_workers: int) -> None:
+    """Grow a started ``SpecCluster`` (``LocalCUDACluster``, ``LocalCluster``) to ``n_workers``
+    by starting copies of its workers' specs, round-robin.
+
+    dask-cuda names each worker after its GPU and refuses to scale past the visible GPUs; a
+    copy of a worker's spec (same ``CUDA_VISIBLE_DEVICES``, plugins and device spill settings)
+    under a new name is a second worker on the same GPU. Returns once the new workers run.
+    """
+    names = list(spec_cluster.worker_spec)
+    if not names:
+        raise ValueError("share_workers: the cluster has no worker spec to copy; start it with n_workers >= 1")
+    for i in range(len(names), n_workers):
+        base = names[i % len(names)]
+        spec_cluster.worker_spec[f"{base}-{i // len(names)}"] = copy.deepcopy(spec_cluster.worker_spec[base])
+    spec_cluster.sync(spec_cluster._correct_state)

@@ -32,6 +32,21 @@ def log_dir(tmp_path):
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def workers_per_gpu() -> int:
+    """dask-cuda workers per GPU for the GPU tests' clusters: ``QUIVER_TEST_WORKERS_PER_GPU``
+    (default 1, dask-cuda's one per GPU). ``benchmarks/gpu_check.sh`` runs the ``gpu`` tests
+    with 1, then 2, so a one-GPU machine exercises the cross-worker path too."""
+    raw = os.environ.get("QUIVER_TEST_WORKERS_PER_GPU", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"QUIVER_TEST_WORKERS_PER_GPU={raw!r}: set it to a whole number >= 1 (e.g. 2)")
+    return n
+
+
 def has_gpu() -> bool:
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):
         return False

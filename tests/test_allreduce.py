@@ -401,17 +401,25 @@ def cuda_member(ctx, n):
 
 
 @pytest.mark.gpu
-def test_allreduce_cuda_tensors_stay_on_device():
+@pytest.mark.parametrize("protocol", ["tcp", "ucxx"])
+def test_allreduce_cuda_tensors_stay_on_device(protocol, workers_per_gpu):
+    """Device buffers all-reduced between dask-cuda workers (gpu.cluster: one per GPU, or
+    QUIVER_TEST_WORKERS_PER_GPU of them sharing each) come back summed, still on the device."""
     pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
-    from dask_cuda import LocalCUDACluster
+    if protocol == "ucxx" and importlib.util.find_spec("distributed_ucxx") is None:
+        pytest.skip("distributed_ucxx is not installed (pip install 'quiver[ucx]')")
     from distributed import Client
 
-    protocol = "ucxx" if importlib.util.find_spec("distributed_ucxx") else "tcp"
-    with LocalCUDACluster(protocol=protocol, dashboard_address="127.0.0.1:0") as cluster, \
+    import gpu
+
+    expected_workers = gpu.gpu_count() * workers_per_gpu
+    with gpu.cluster(protocol=protocol, use_gpu=True, workers_per_gpu=workers_per_gpu) as cluster, \
             Client(cluster) as c:
+        c.wait_for_workers(expected_workers, timeout=60)
         results = run_gang(c, cuda_member, None, 1 << 20, timeout=60)
     size = len(results)
+    assert size == expected_workers
     total = float(sum(range(1, size + 1)))
     for t, b, device in results:
         assert t == [total] * 3 and b == [0.0] * 3 and device == "cuda"

@@ -254,3 +254,50 @@ def test_cluster_is_a_cpu_local_cluster_here():
         assert c.scheduler_address.startswith("tcp://127.0.0.1")
     with pytest.raises(ValueError, match="protocol='quic'"):
         gpu.cluster(protocol="quic")
+    with pytest.raises(ValueError, match="workers_per_gpu=0 must be an int >= 1"):
+        gpu.cluster(workers_per_gpu=0)
+
+
+def test_share_workers_starts_copies_of_a_workers_spec_as_more_processes():
+    """What gpu.cluster(workers_per_gpu=2) does to a LocalCUDACluster, on a CPU LocalCluster
+    (the same SpecCluster machinery): copies of the one worker's spec, under new names, run as
+    separate worker processes that tasks reach."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    from gpu.clusters import share_workers
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as c, Client(c) as client:
+        share_workers(c, 3)
+        assert sorted(map(str, c.worker_spec)) == ["0", "0-1", "0-2"]
+        client.wait_for_workers(3, timeout=60)
+        pids = client.run(os.getpid)
+        assert len(pids) == 3 and len(set(pids.values())) == 3
+        assert sorted(map(str, (w["name"] for w in client.scheduler_info()["workers"].values()))) == ["0", "0-1", "0-2"]
+
+
+def test_share_workers_gives_a_local_cuda_cluster_a_second_worker_on_the_same_gpu(monkeypatch):
+    """The same on dask-cuda's own LocalCUDACluster, in its device-less test mode (dask-cuda's
+    DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC): it names workers after GPUs and will not scale past
+    them, and the copy runs as a second process told the same CUDA_VISIBLE_DEVICES."""
+    pytest.importorskip("dask_cuda", reason="dask-cuda is not installed (the gpu extra; make gpu-wheels has it)")
+    import os
+
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from gpu.clusters import share_workers
+
+    monkeypatch.setenv("DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=[0], threads_per_worker=1, dashboard_address="127.0.0.1:0",
+                          device_memory_limit=None) as c, Client(c) as client:
+        with pytest.raises(ValueError, match="Can not scale beyond visible devices"):
+            c.scale(2)  # why share_workers exists
+        share_workers(c, 2)
+        client.wait_for_workers(2, timeout=60)
+        seen = client.run(lambda: (os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        assert sorted(map(str, c.worker_spec)) == ["0", "0-1"]
+    assert len({pid for pid, _ in seen.values()}) == 2 and {v for _, v in seen.values()} == {"0"}

@@ -60,6 +60,7 @@ def test_first_example_extracted_from_readme():
     assert "chosen:" in output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_first_example_runs_as_pasted(tmp_path):
     code, pasted = first_example()

@@ -25,7 +25,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
-    "sphinx.ext.viewcode",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

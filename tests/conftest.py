@@ -61,6 +61,7 @@ SLOW_FILES = {
     "test_iterative.py": "training-style runs with pruning",
     "test_load.py": "thousands of branches",
     "test_memory_budget.py": "budgeted runs on clusters of their own",
+    "test_memory_choose.py": "budgeted runs on clusters of their own, a budget that stops one",
     "test_memory_frames.py": "1200 MiB of DataFrames",
     "test_packing.py": "packed training groups, a killed worker",
     "test_placement.py": "placement over several workers",
@@ -73,12 +74,14 @@ SLOW_FILES = {
     "test_watchdog.py": "runs that stall on purpose",
 }
 
-# single slow tests in otherwise quick files (5-8 s each here, measured with --durations)
+# single slow tests in otherwise quick files (5-18 s each here under load, measured with --durations)
 SLOW_TESTS = {
     "test_run.py::test_killing_a_worker_mid_run_gives_the_same_table",
     "test_bad_input.py::test_cli_stops_on_the_same_metric_mistake_unless_keep_going",
     "test_bad_input.py::test_cli_unreachable_scheduler_is_one_line",
     "test_claims.py::test_take_overs_keep_one_trainer_per_member_and_only_empty_busier_packs",
+    "test_memory_plan.py::test_deep_chain_plans_without_recursion_error",
+    "test_sklearn_search.py::test_each_prefix_fit_runs_once",
 }
 
 

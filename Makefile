@@ -1,6 +1,8 @@
 # One command each, on a fresh machine (Python 3.10+ with venv):
 #   make demo    set everything up, run the digits exploration on an embedded LocalCluster
 #   make test    set everything up, run the test suite
+#   make test-fast  the tests not marked slow (a few minutes)
+#   make docs    build the documentation site (Sphinx, warnings as errors) into docs/_build/html
 #   make bench   set everything up, run the benchmarks (tables printed, JSON in benchmarks/results/)
 #   make gpu-wheels   fetch the wheels benchmarks/gpu_check.sh carries to the GPU machine into .whl/
 #                     (docs/gpu-check.md); needs only a Python with pip, not the venv
@@ -8,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test bench gpu-wheels clean
+.PHONY: setup demo test test-fast docs bench gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -19,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench,ucx]"
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench,ucx,docs]"
 	touch $@
 
 demo: setup
@@ -27,6 +29,13 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+docs: setup
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs/_build/html/index.html"
 
 bench: setup
 	$(BIN)/python benchmarks/explore_vs_naive.py
@@ -43,4 +52,4 @@ gpu-wheels:
 	PYTHON=$(PYTHON) bash benchmarks/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) dask-worker-space dask-scratch-space
+	rm -rf $(VENV) dask-worker-space dask-scratch-space docs/_build docs/generated

@@ -30,6 +30,7 @@ from dask.task_spec import Task, TaskRef
 from .collections import is_lazy_marked
 from .errors import PipelineError
 from .iterative import Pruned, is_iterative, iterative_task
+from .plainvalues import PlainStep
 from .keys import TokenizationError, metric_key, step_key
 from .scalars import scalar_entries
 from .shipping import shippable
@@ -230,6 +231,7 @@ class _Compiler:
         self.size_hints: dict[str, int] = {}
         self._collections = None
         self._ptokens: dict[int, tuple[tuple, str]] = {}  # id(params) -> (params, token)
+        self._plain: dict[tuple, PlainStep] = {}
 
     def _same_choice(self, a: tuple, b: tuple) -> bool:
         """Two ``(label, params)`` choices are the same alternative: same label, parameters
@@ -267,12 +269,21 @@ class _Compiler:
     def task(self, spec: Spec, call: Call, inputs: tuple, args: tuple, kwargs: dict) -> str:
         key = self.key(spec, call, inputs)
         if key not in self.graph:
-            task = Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict)
-            # an iterative step reports as it runs (docs/architecture.md §7.2); the key is unchanged
-            self.graph[key] = iterative_task(task) if is_iterative(call.fn) else task
+            if is_iterative(call.fn):  # it reports as it runs (docs/architecture.md §7.2); the key is unchanged
+                self.graph[key] = iterative_task(Task(key, shippable(call.fn), *args, **kwargs, **call.param_dict))
+            else:  # a plain step: a Dask collection as its value is refused at once (graph/plainvalues.py)
+                self.graph[key] = Task(key, self.plain(spec, call), *args, **kwargs, **call.param_dict)
         if call.size_hint is not None:
             self.size_hints[key] = int(call.size_hint)
         return key
+
+    def plain(self, spec: Spec, call: Call) -> PlainStep:
+        """One wrapper per (node, function): every branch's task shares it (pickled once)."""
+        where = describe(spec)
+        memo = (id(call.fn), where, call.label)
+        if memo not in self._plain:
+            self._plain[memo] = PlainStep(shippable(call.fn), where, call.label, source=isinstance(spec, SourceSpec))
+        return self._plain[memo]
 
     def branches(self, spec: Spec) -> list[Branch]:
         if id(spec) not in self.memo:

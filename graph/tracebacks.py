@@ -32,7 +32,7 @@ _FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)\s*$')
 
 def _unwrap(obj: Any) -> Any:
     while True:
-        if type(obj).__name__ == "ByValue":
+        if type(obj).__name__ in ("ByValue", "PlainStep"):
             obj = obj.fn
         elif isinstance(obj, functools.partial):
             obj = obj.func

@@ -40,11 +40,12 @@ _SKIP = {"__main__", "builtins", "__mp_main__"}
 
 
 def _unwrap(fn: Any) -> Any:
-    """The user's function inside Quiver's wrappers (``ByValue``, ``Iterative``) and partials."""
+    """The user's function inside Quiver's wrappers (``graph``'s callables that keep it as
+    ``.fn``: ``ByValue``, ``Iterative``, ``PlainStep``) and partials."""
     for _ in range(8):
         if isinstance(fn, functools.partial):
             fn = fn.func
-        elif type(fn).__name__ in ("ByValue", "Iterative") and hasattr(fn, "fn"):
+        elif type(fn).__module__.startswith("graph.") and hasattr(fn, "fn"):  # ByValue, Iterative, PlainStep
             fn = fn.fn
         else:
             break

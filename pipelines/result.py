@@ -94,6 +94,20 @@ class Result:
 
         return write_report(self, path, title=title)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the chosen path, key stats, the dashboard link, the table (see
+        :mod:`pipelines.notebook`)."""
+        from .notebook import result_html
+
+        return result_html(self)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """Quiver's exploration page on the dashboard of the cluster, while it is still up."""
+        from .notebook import dashboard_link
+
+        return dashboard_link(self)
+
     def __repr__(self) -> str:
         s = self.stats
         n = len(self.table) if self.table is not None else 0

@@ -1,16 +1,16 @@
-"""Warm workers at once: every worker imports the modules a run's steps come from, in the
-background, as soon as the run is compiled.
+"""Warm workers at once: every worker imports the modules a run's steps come from, all at
+the same time, as the run starts.
 
 Why: a fresh worker pays its imports (scikit-learn ~1.5 s, torch several seconds on two
 cores) when its first task is unpickled.  An exploration starts narrow (a source, then a few
 prefix steps), so the second worker's first task, and its imports, come only after the
 first worker's; the imports sit on the run's critical path one worker after another.
-Importing them everywhere at the start overlaps them with the first tasks (Python's import
-lock makes a task that needs a module being imported wait for it, never import it twice).
+Importing them on every worker at once, before the run's first task, makes the run wait for
+the slowest worker's imports instead of the sum of the workers' imports one after another.
 Nothing runs a user's step: only modules are imported.
 
 The decision is pure (:func:`step_modules`: modules named by the compiled graph's functions),
-the cluster part one fire-and-forget message (:func:`warm_workers`).
+the cluster part one bounded call (:func:`warm_workers`).
 
 >>> import types
 >>> from sklearn.svm import SVC
@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -100,21 +99,20 @@ def _import_all(modules: list[str]) -> None:
             imported_by_warmup[name] = f"{type(exc).__name__}: {exc}"
 
 
-def _start_imports(modules: list[str]) -> None:
-    """On a worker: import ``modules`` in a background thread, return at once."""
-    threading.Thread(target=_import_all, args=(modules,), name="quiver-warmup", daemon=True).start()
+def warm_workers(client: Any, modules: list[str], timeout: float = 60.0) -> None:
+    """Have every worker of ``client`` import ``modules`` now, all workers at once, before the
+    run submits anything; waits at most ``timeout`` seconds (then the run goes on, each
+    worker importing what it still lacks when its tasks arrive).
 
+    The imports run on each worker's event loop while nothing else runs there, never beside a
+    task or a task's unpickling: a warm-up that imported in a worker thread while the event loop
+    unpickled the run's first collection tasks (pandas/pyarrow/dask.dataframe) deadlocked the
+    worker. ``dask config quiver.warmup: False`` turns it off."""
+    import dask
 
-def warm_workers(client: Any, modules: list[str]) -> None:
-    """Ask every worker of ``client`` to import ``modules`` in the background, without waiting
-    for the answer (the run starts meanwhile; a slow or silent scheduler never holds it up)."""
-    if not modules:
+    if not modules or not dask.config.get("quiver.warmup", default=True):
         return
-
-    async def send() -> None:
-        try:
-            await client._run(_start_imports, list(modules), on_error="ignore")
-        except Exception as exc:  # recorded and dropped: the warm-up is an optimisation, the run goes on
-            logger.debug("warming the workers up failed: %s: %s", type(exc).__name__, exc)
-
-    client.loop.add_callback(send)
+    try:
+        client.sync(client._run, _import_all, list(modules), on_error="ignore", callback_timeout=timeout)
+    except Exception as exc:  # recorded and dropped: the warm-up is an optimisation, the run goes on
+        logger.warning("warming the workers up did not finish (%s: %s); the run goes on", type(exc).__name__, exc)

@@ -96,7 +96,7 @@ def run_node(
         cluster_seconds = time.perf_counter() - clock
         from graph.warmup import step_modules, warm_workers
 
-        warm_workers(c, step_modules(compiled))  # every worker imports the steps' modules now, in the background
+        warm_workers(c, step_modules(compiled))  # every worker imports the steps' modules now, all at once
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 

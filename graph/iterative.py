@@ -50,6 +50,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Generator, Mapping
@@ -287,6 +288,18 @@ def _send_answers(client: Any, answers: queue.Queue, given: list) -> None:
             logger.debug("quiver: cannot answer %s: %s", name, exc)
 
 
+def _delete_answers(client: Any, names: list) -> None:
+    """Delete the rung answers ``names`` (their variables and events) from the scheduler."""
+    from distributed import Event, Variable
+
+    for name in names:
+        try:
+            Variable(name, client=client).delete()
+            Event(name, client=client).clear()
+        except Exception as exc:  # recorded: the cluster is going away, nothing waits for them any more
+            logger.debug("quiver: cannot delete answer %s: %s", name, exc)
+
+
 #: client id -> its open ReportChannel (a client keeps one handler per event topic)
 _OPEN: "weakref.WeakValueDictionary[str, ReportChannel]" = weakref.WeakValueDictionary()
 _OPEN_LOCK = threading.Lock()
@@ -396,28 +409,31 @@ class ReportChannel:
                 raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
         self._answers.put((gate_name(key, iteration), value))
 
-    def close(self) -> None:
-        """Stop listening, wait for the answers in flight, delete every answer given."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop listening, wait for the answers in flight, delete every answer given; waits
+        for the scheduler at most ``timeout`` s in all (a silent one keeps what is left)."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + timeout
         with _OPEN_LOCK:
             if _OPEN.get(self._client_id) is self:
                 del _OPEN[self._client_id]
         try:
             self.client.unsubscribe_topic(REPORT_TOPIC)
-        except Exception:
-            pass
+        except Exception as exc:  # recorded: a closed client (or one never subscribed) has nothing to unsubscribe
+            logger.debug("quiver: cannot unsubscribe from reports: %s", exc)
         self._answers.put(None)
-        self._sender.join()
-        from distributed import Event, Variable
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            logger.info("quiver: the scheduler did not take the rung answers within %s s; leaving them", timeout)
+            return
+        from .bounded import NoAnswer, within
 
-        for name in self._given:
-            try:
-                Variable(name, client=self.client).delete()
-                Event(name, client=self.client).clear()
-            except Exception:
-                pass
+        try:
+            within(deadline, _delete_answers, self.client, list(self._given), what="deleting rung answers")
+        except NoAnswer as exc:
+            logger.info("quiver: %s", exc)
 
     def __enter__(self) -> "ReportChannel":
         return self

@@ -163,3 +163,25 @@ def test_the_same_report_count_is_no_progress():
     w = Watchdog(stall_timeout=10)
     out = feed(w, *[Observation(t=t, paused=1, progress=1, reports=5) for t in (0, 5, 10)])
     assert out[:2] == [None, None] and "paused by memory" in out[2]
+
+
+def test_an_error_in_the_watchdog_thread_stops_the_run_with_that_error(client):
+    """The sampler's thread used to die silently (e.g. "dictionary changed size during
+    iteration" reading the machine's live dicts), leaving the run unwatched. Any error there
+    now aborts the run, naming it."""
+    from graph.watchdog import Sampler
+
+    got = []
+
+    def broken():
+        raise RuntimeError("dictionary changed size during iteration")
+
+    s = Sampler(client, got.append, stall_timeout=5, progress=broken, interval=0.1).start()
+    try:
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        s.stop()
+    assert len(got) == 1 and "\n" not in got[0]
+    assert got[0].startswith("the run's watchdog failed (RuntimeError: dictionary changed size during iteration)")

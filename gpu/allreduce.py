@@ -248,16 +248,15 @@ class Collective:
         if size == 1:
             return
         if worker is None:
-            from distributed import get_worker
+            from .worker import current_worker
 
-            try:
-                worker = get_worker()
-            except ValueError as e:
+            worker = current_worker()
+            if worker is None:
                 raise CollectiveError(
                     f"rank {rank}: a Collective of size {size} must be created inside a Dask task "
                     "(it listens on the worker's own protocol and host); pass worker= otherwise",
                     rank=rank,
-                ) from e
+                )
         self._worker = worker
         self.address = self._sync(self._listen)
 

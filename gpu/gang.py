@@ -97,10 +97,14 @@ class GangContext:
 def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: tuple,
             kwargs: dict, timeout: float, admission_timeout: float | None, algorithm: str) -> Any:
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
-    from distributed import Event, Queue, Variable, get_client, get_worker
+    from distributed import Event, Queue, Variable, get_client
+
+    from .worker import current_worker
 
     began = time.perf_counter()
-    worker = get_worker()
+    worker = current_worker()
+    if worker is None:
+        raise RuntimeError(f"gang {name!r} rank {rank}: a gang member runs as a Dask task, not called directly")
     size = len(workers)
     coll = Collective(rank, size, timeout=timeout, group=name, algorithm=algorithm, worker=worker)
     try:
@@ -142,14 +146,13 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
 
 def _cancelled() -> bool:
     """Whether the scheduler no longer wants this task (its client left, or it was cancelled)."""
-    try:
-        from distributed import get_worker
-        from distributed.worker import thread_state
+    from .worker import current_task, current_worker
 
-        ts = get_worker().state.tasks.get(thread_state.key)
-        return ts is None or ts.state in ("cancelled", "released", "forgotten")
-    except Exception:
+    key = current_task()
+    if key is None:
         return False
+    ts = current_worker().state.tasks.get(key)
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
 # ----------------------------------------------------------------------------- client side
@@ -239,14 +242,9 @@ def gang_client(client: Any = None):
 
 
 def _inside_task() -> bool:
-    try:
-        from distributed import get_worker
-        from distributed.worker import thread_state
+    from .worker import current_task
 
-        get_worker()
-        return getattr(thread_state, "key", None) is not None
-    except Exception:
-        return False
+    return current_task() is not None
 
 
 def _alive_workers(client) -> set[str]:

@@ -58,13 +58,15 @@ def _as_data(data: Any) -> Any:
     return data
 
 
-def _in_dask() -> bool:
-    try:
-        from distributed import get_client
+def _client_available() -> bool:
+    """Whether a Dask client is at hand (inside a task, the worker's; outside, a default one):
+    ``train(workers>1)`` then runs a gang, else trains alone."""
+    from distributed import get_client
 
+    try:
         get_client()
         return True
-    except Exception:
+    except ValueError:  # get_client() with no client anywhere: "No global client found"
         return False
 
 
@@ -106,23 +108,16 @@ TRAINING_TOPIC = "quiver-training"
 
 def _current_task() -> str | None:
     """The key of the Dask task running this code (the training step), or ``None`` outside Dask."""
-    try:
-        from distributed import get_worker
+    from .worker import current_task
 
-        key = get_worker().get_current_task()
-        return None if key is None else str(key)
-    except Exception:
-        return None
+    return current_task()
 
 
 def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]:
     """``publish(msg)``: log ``msg`` on the ``quiver-training`` topic from this worker (no-op outside one)."""
-    try:
-        from distributed import get_worker
+    from .worker import current_worker
 
-        worker = get_worker()
-    except Exception:
-        worker = None
+    worker = current_worker()
     if worker is None or task is None:
         return lambda msg: None
 
@@ -319,7 +314,7 @@ def iterate(data: Any, **kwargs: Any):
     data = _as_data(data)
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
     overheads = {"admission_seconds": 0.0, "queued_seconds": 0.0, "data_seconds": 0.0, "tuning_seconds": 0.0}
-    if workers == 1 or not _in_dask():
+    if workers == 1 or not _client_available():
         epochs = _observed(Solo(), data, model, cfg, None, task)
         try:
             rec = next(epochs)
@@ -494,12 +489,10 @@ class _GangRun:
 
 
 def _worker_address() -> str | None:
-    try:
-        from distributed import get_worker
+    from .worker import current_worker
 
-        return get_worker().address
-    except Exception:
-        return None
+    worker = current_worker()
+    return None if worker is None else worker.address
 
 
 def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) -> list[str] | None:

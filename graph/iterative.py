@@ -123,13 +123,10 @@ class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
     def __init__(self) -> None:
-        try:
-            from distributed import get_worker
+        from gpu.worker import current_task, current_worker
 
-            self.worker = get_worker()
-            self.key = self.worker.get_current_task()
-        except (ImportError, ValueError):
-            self.worker = self.key = None
+        self.worker = current_worker()
+        self.key = current_task() if self.worker is not None else None
         self.attempt = uuid.uuid4().hex[:12]
         self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
 

@@ -35,6 +35,7 @@ thread can host a member. Nested gangs (``fn`` calling ``run_gang``) are unteste
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -44,6 +45,8 @@ from typing import Any, Callable, Sequence
 from gpu.allreduce import Collective, CollectiveError
 
 __all__ = ["GangContext", "GangError", "run_gang", "run_gang_timed", "gang_client", "ADMISSION_LOCK"]
+
+logger = logging.getLogger(__name__)
 
 ADMISSION_LOCK = "quiver-gang-admission"
 _POLL_SECONDS = 0.25
@@ -137,7 +140,7 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
             return fn(ctx, *args, **kwargs)
         except CollectiveError:
             raise
-        except BaseException as e:
+        except BaseException as e:  # re-raised: the peers are told first, so they fail at once
             coll.abort(f"member function raised {e!r}")
             raise
     finally:
@@ -300,7 +303,7 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
             timings["wait_s"] = max(last_start - t0 - timings["lock_s"], 0.0)
             peers.set({"addresses": addresses})
             started.set()
-        except BaseException as e:
+        except BaseException as e:  # re-raised: the members waiting for their peers are told first
             peers.set({"abort": repr(e)})
             started.set()
             raise
@@ -310,7 +313,7 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
         results = _gather(client, name, workers, futures, timeout)
         timings["run_s"] = time.perf_counter() - t0 - timings["admission_s"]
         return results, timings
-    except BaseException:
+    except BaseException:  # re-raised: the members submitted are cancelled first
         if futures:
             client.cancel(futures)
         raise
@@ -319,8 +322,8 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
         for cleanup in (peers.delete, started.clear):
             try:
                 cleanup()
-            except Exception:
-                pass
+            except Exception as exc:  # recorded: the cluster may be going away; nothing waits for them
+                logger.debug("gang %s: clean-up failed: %s", name, exc)
 
 
 def _admit(client, name, workers, futures, checkin, deadline) -> tuple[list[str], float]:

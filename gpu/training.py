@@ -30,6 +30,7 @@ worker dies, the run resumes on the remaining workers from the last checkpoint (
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 import time
 import uuid
@@ -40,6 +41,8 @@ from typing import Any
 from .engine import Solo, TrainConfig, iter_member, tune_member
 
 __all__ = ["train", "iterate", "pick_workers"]
+
+logger = logging.getLogger(__name__)
 
 
 def _as_data(data: Any) -> Any:
@@ -126,8 +129,8 @@ def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]
             body = {"task": task, "rank": rank, "size": size, "worker": worker.address}
             body.update({k: (float(v) if isinstance(v, float) else v) for k, v in msg.items()})
             worker.log_event(TRAINING_TOPIC, body)
-        except Exception:  # progress is a view: training never fails because of it
-            pass
+        except Exception as exc:  # recorded: progress is a view, training never fails because of it
+            logger.debug("quiver: cannot publish a training event: %s", exc)
 
     return publish
 
@@ -426,8 +429,8 @@ class _GangRun:
             self.thread.join()
         try:
             self.stop_event.clear()
-        except Exception:
-            pass
+        except Exception as exc:  # recorded: the cluster may be going away; nothing waits for it
+            logger.debug("quiver: cannot clear the gang's stop event: %s", exc)
 
     def outcome(self) -> tuple[dict, int, int]:
         if self.error is not None:
@@ -501,6 +504,7 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) 
     and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
     deterministic token (then every run tunes)."""
     from dask.base import tokenize
+    from dask.tokenize import TokenizationError
 
     try:
         with _deterministic_tokens():
@@ -509,7 +513,7 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) 
                 cfg.partitions, cfg.algorithm, size, tuple(data.x_train.shape), str(data.x_train.dtype),
                 str(data.x_train.device), len(data.x_test),
             )
-    except Exception:
+    except TokenizationError:  # the model has no deterministic token: every run tunes
         return None
     return ["quiver", "replicas-auto", token]
 
@@ -570,8 +574,8 @@ def _forget(name: str, client=None) -> None:
 
         Variable(name, client=client).delete()
         Event(f"{name}-started", client=client).clear()
-    except Exception:
-        pass
+    except Exception as exc:  # recorded: the cluster may be going away; nothing waits for them
+        logger.debug("quiver: cannot forget %s: %s", name, exc)
 
 
 def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int,

@@ -281,7 +281,7 @@ def _send_answers(client: Any, answers: queue.Queue, given: list) -> None:
             Variable(name, client=client).set(value)
             Event(name, client=client).set()
             given.append(name)
-        except Exception as exc:  # the cluster is going away: nothing waits any more
+        except Exception as exc:  # recorded: the cluster is going away, nothing waits any more
             logger.debug("quiver: cannot answer %s: %s", name, exc)
 
 
@@ -361,7 +361,7 @@ class ReportChannel:
         weakref.finalize(self, self._answers.put, None)  # a channel dropped unclosed ends its thread
         try:
             self.client.subscribe_topic(REPORT_TOPIC, _Forward(weakref.ref(self)))
-        except BaseException:
+        except BaseException:  # re-raised: the channel registered above is closed first
             self.close()
             raise
 
@@ -369,7 +369,8 @@ class ReportChannel:
         try:
             _, msg = event
             key, iteration = msg["key"], int(msg["iteration"])
-        except Exception:  # never let a malformed event break the client's event loop
+        except (TypeError, ValueError, KeyError) as exc:  # a malformed event: never break the client's event loop
+            logger.debug("quiver: malformed report %r: %s", event, exc)
             return
         if self.keys is not None and key not in self.keys:
             return
@@ -386,7 +387,7 @@ class ReportChannel:
             self.waiting[key] = iteration
         try:
             self.on_report(key, iteration, msg.get("report", {}))
-        except Exception:
+        except Exception:  # recorded: on the client's event loop, which must go on
             logger.exception("quiver: on_report failed for %s iteration %s", key, iteration)
 
     def resume(self, key: str, iteration: int | None = None) -> None:

@@ -116,7 +116,7 @@ def _pipeline_name(spec: Any) -> str:
 
     try:
         return pipeline_name(spec)
-    except Exception:
+    except (AttributeError, IndexError, TypeError):  # not a pipeline's spec (a test's stand-in): a generic name
         return "pipeline"
 
 
@@ -355,7 +355,7 @@ class TrainingWatch:
             try:
                 client.subscribe_topic(TRAINING_TOPIC, self.on_event)
                 self.subscribed = True
-            except Exception as exc:
+            except Exception as exc:  # recorded: the terminal line is a view, the run goes on without it
                 logger.debug("quiver: cannot subscribe to training events: %s", exc)
 
     def on_event(self, event: Any) -> None:
@@ -376,13 +376,13 @@ class TrainingWatch:
             elif msg.get("kind") == "tuning" and msg.get("tuning"):
                 k, rate = msg["tuning"][-1]
                 self.progress.extra = f"train tuning: {k} replicas/worker {rate:,.0f} samples/s"
-        except Exception:  # never let a malformed event break the client's event loop
-            pass
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a malformed event: never break the event loop
+            logger.debug("quiver: malformed training event %r: %s", event, exc)
 
     def close(self) -> None:
         if self.subscribed:
             try:
                 self.client.unsubscribe_topic(TRAINING_TOPIC)
-            except Exception:
-                pass
+            except Exception as exc:  # recorded: a closed client has nothing to unsubscribe
+                logger.debug("quiver: cannot unsubscribe from training events: %s", exc)
             self.subscribed = False

@@ -443,7 +443,7 @@ class ExplorationState:
         spec = self.c.chooses[ci].spec
         try:
             return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
-        except Exception as exc:  # a user's callable metric may raise anything
+        except Exception as exc:  # recorded (NaN and a warning): a user's callable metric may raise anything
             if warn and ci not in self.report_alarm:
                 self.report_alarm.add(ci)
                 self._out.append(Warn(

@@ -401,6 +401,7 @@ def execute(
     budgeted = None
     watcher = None
     registered = False
+    deadline: list[float] = []  # when the run's clean-up must be over (set when it starts)
     snap: dict = {}
     sampler = None
     try:
@@ -457,13 +458,14 @@ def execute(
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
         rows = state.rows()
         table, _ = build_table(compiled, rows, {}, snap.get("seconds", {}))
-        publisher.finish(rows, error=str(stop))
+        publisher.finish(rows, error=str(stop), timeout=_left(deadline))
         raise RunError(str(stop), table=table) from None
     except BaseException as exc:  # the run stopped early: say so on the dashboard (and re-raise)
-        publisher.finish([], error=f"{type(exc).__name__}: {exc}")
+        publisher.finish([], error=f"{type(exc).__name__}: {exc}", timeout=_left(deadline))
         raise
     finally:
-        _clean_up(driver, watcher, watch, sampler, budgeted, bar, client, monitor.name if registered else None, prepared)
+        _clean_up(driver, watcher, watch, sampler, budgeted, bar, client, monitor.name if registered else None, prepared,
+                  deadline)
     table, kept = build_table(compiled, rows, values, snap.get("seconds", {}))
     if state.halving:
         table.attrs["rungs"] = state.rung_log()  # Result.rungs: every arrival at a rung, in order
@@ -505,11 +507,20 @@ def execute(
     )
 
 
+def _left(deadline: list[float]) -> float:
+    """Seconds left of the run's clean-up time (``CLEANUP_SECONDS`` from the first call)."""
+    if not deadline:
+        deadline.append(time.monotonic() + CLEANUP_SECONDS)
+    return max(0.0, deadline[0] - time.monotonic())
+
+
 def _clean_up(driver: ExplorationDriver, watcher: Any, watch: Any, sampler: Any, budgeted: Any, bar: Progress,
-              client: Client, monitor: str | None, prepared: Any) -> None:
-    """End a run on every path, waiting for the scheduler ``CLEANUP_SECONDS`` at most in all:
-    a silent scheduler keeps what is left (it is gone, or a later run's name differs)."""
-    deadline = time.monotonic() + CLEANUP_SECONDS
+              client: Client, monitor: str | None, prepared: Any, ends: list[float]) -> None:
+    """End a run on every path, waiting for the scheduler ``CLEANUP_SECONDS`` at most in all
+    (the failed run's last dashboard message included): a silent scheduler keeps what is left
+    (it is gone, or a later run's names differ)."""
+    _left(ends)
+    deadline = ends[0]
     driver.close_reports(max(0.0, deadline - time.monotonic()))  # first: a channel left open refuses the client's next run
     stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
     if stop is not None:

@@ -124,3 +124,49 @@ def slow_once(v, seconds):
 
     time.sleep(seconds)
     return {"x": seconds}
+
+
+def test_publishing_never_waits_for_a_silent_scheduler():
+    """``Client.log_event`` waits for the scheduler's answer with no timeout. The publisher
+    sends from a thread of its own: while that thread is stuck, updates are kept (the later
+    ones replace the earlier) and the run's calls return at once; ``finish`` waits a bounded
+    time. (A stand-in client whose ``log_event`` blocks, as a stopped scheduler's does.)"""
+    import time
+    from types import SimpleNamespace
+
+    from graph.dashboard.protocol import MAX_QUEUED, ExplorationPublisher
+
+    release = threading.Event()
+    sent = []
+
+    class SilentClient:
+        def log_event(self, topic, msg):
+            release.wait()
+            sent.append(msg)
+
+    compiled = SimpleNamespace(branches=[object()] * 3)
+    pub = ExplorationPublisher(SilentClient(), "r", compiled, naive_tasks=3, unique_tasks=3)
+    t0 = time.monotonic()
+    for i in range(200):
+        pub.update([(i % 3, "running", {}, None)], tasks_done=i, force=True)
+    pub.finish([], {"wall_seconds": 1.0}, timeout=0.5)
+    took = time.monotonic() - t0
+    assert took < 2.0, f"the run waited {took:.1f} s for a silent scheduler"
+    release.set()  # the scheduler answers again: what was queued goes out, the end last
+    deadline = time.monotonic() + 10
+    while (not sent or sent[-1]["kind"] != "end") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1 <= len(sent) <= MAX_QUEUED + 1 and sent[-1]["kind"] == "end"
+
+
+def test_every_event_and_instruction_is_produced_and_acted_on_by_the_driver():
+    """No dead vocabulary in graph/state: the driver (graph/executor.py) feeds every event
+    and carries out every instruction."""
+    import inspect
+
+    import graph.executor as executor
+    import graph.state.events as events
+
+    source = inspect.getsource(executor)
+    unused = [name for name in events.__all__ if f"{name}(" not in source and f"isinstance(ins, {name})" not in source]
+    assert unused == []

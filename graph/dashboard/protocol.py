@@ -141,9 +141,9 @@ class ExplorationPublisher:
     never blocks it).
 
     ``Client.log_event`` waits for the scheduler's answer, with no timeout: the messages go
-    through a queue to a sender thread of their own, and when the queue is full (the
-    scheduler is slow or silent) an update is dropped (``dropped`` counts them) rather than
-    make the run wait.  :meth:`finish` waits at most ``timeout`` seconds for the last message.
+    through a queue to a sender thread of their own.  While the queue is full (the scheduler
+    is slow or silent) changed branches wait in the next update, and a message that still
+    finds it full is dropped (``dropped`` counts them) rather than make the run wait.  :meth:`finish` waits at most ``timeout`` seconds for the last message.
 
     >>> pub = ExplorationPublisher(None, "run-1", None)   # no client: publishes nothing
     >>> pub.enabled
@@ -281,6 +281,8 @@ class ExplorationPublisher:
             self._tasks_done = tasks_done
         now = self.clock()
         if not self._pending or (not force and now - self._last < self._gap):
+            return
+        if self._queue.full():  # the sender is behind (a slow or silent scheduler): keep them for a later update
             return
         changed, self._pending = list(self._pending.values()), {}
         for entry in changed:

@@ -85,6 +85,7 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
         with pytest.raises(RunError) as info:
             execute(graph.compile(node), client, progress=False, stall_timeout=stall, on_driver=stop_the_scheduler_mid_run)
         took = time.monotonic() - stopped[0]
+        print(f"\nthe run ended {took:.1f} s after the scheduler was stopped (stall_timeout={stall:g})")
         msg = str(info.value)
         assert stopped, "the run ended before the scheduler was stopped"
         assert "has not answered for" in msg and address in msg and "stall_timeout" in msg

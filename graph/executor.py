@@ -13,6 +13,7 @@ instructions into Client calls and the Client's callbacks into its events
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import queue
@@ -83,25 +84,28 @@ class _Stopped(Exception):
 
 @dataclass(frozen=True)
 class _Outcome:
-    """A future's state when its done-callback fired (read then: the future may be ``lost``
-    by the time the driver takes it from its queue)."""
+    """A future's status when it left ``pending`` (read then, on the client's event loop: the
+    future may be ``lost`` again by the time the driver takes it from its queue)."""
 
     key: Any
     status: str
-    error: str = ""
-    traceback: str = ""
 
 
-def _outcome(fut: Future) -> _Outcome:
-    status = fut.status
-    if status != "error":
-        return _Outcome(fut.key, status)
-    try:  # the error is on the client already: no scheduler round trip
+def _error_of(fut: Future) -> tuple[str, str]:
+    """``("Type: message", traceback text)`` of an errored future (on the client already)."""
+    try:
         exc = fut.exception(timeout=5)
-        text = "".join(tb_module.format_exception(type(exc), exc, fut.traceback(timeout=5)))
-        return _Outcome(fut.key, status, f"{type(exc).__name__}: {exc}", text)
+        return f"{type(exc).__name__}: {exc}", "".join(tb_module.format_exception(type(exc), exc, fut.traceback(timeout=5)))
     except Exception as exc:  # recorded as the task's error: its state changed meanwhile
-        return _Outcome(fut.key, status, f"{type(exc).__name__}: cannot read the task's error ({exc})", "")
+        return f"{type(exc).__name__}: cannot read the task's error ({exc})", ""
+
+
+async def _when_done(fut: Future, events: queue.Queue) -> None:
+    """On the client's loop: put ``fut``'s outcome on ``events`` once it leaves ``pending``
+    (what ``Future.add_done_callback`` does, without a thread hand-off per future)."""
+    from distributed.client import done_callback
+
+    await done_callback(fut, lambda f: events.put(_Outcome(f.key, f.status)))
 
 
 class ExplorationDriver:
@@ -172,8 +176,34 @@ class ExplorationDriver:
     def aborting(self) -> bool:
         return self._abort_reason is not None
 
-    def _done_callback(self, fut: Future) -> None:
-        self.events.put(_outcome(fut))
+    def _watch(self, futs: list[Future]) -> None:
+        """Queue each future's outcome when it leaves ``pending``: one hand-off to the client's
+        loop for the whole batch (``add_done_callback`` costs a thread hand-off per future)."""
+        events = self.events
+
+        def on_loop() -> None:
+            for f in futs:
+                asyncio.ensure_future(_when_done(f, events))
+
+        self.client.loop.add_callback(on_loop)
+
+    def _read_metrics(self, names: tuple, futs: list[Future]) -> None:
+        """Gather finished metric tasks without waiting: their values come back as
+        ``MetricRead`` events (a failed read stops the run with its error)."""
+        events = self.events
+        coro = self.client.gather(futs, asynchronous=True)
+        read = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+
+        def done(read: Any) -> None:
+            try:
+                values = read.result()
+            except BaseException as exc:  # recorded: re-raised in the run as its abort, with the error
+                events.put(Abort(f"reading the metrics of {len(names)} branch(es) failed: {type(exc).__name__}: {exc}"))
+                return
+            for n, (m, s) in zip(names, values):
+                events.put(MetricRead(n, m, s))
+
+        read.add_done_callback(done)
 
     # ---- waiting for the scheduler ---------------------------------------------------------------
     def ask(self, fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
@@ -234,7 +264,7 @@ class ExplorationDriver:
         if item.status == "finished":
             return TaskFinished(item.key)
         if item.status == "error":
-            return TaskFailed(item.key, item.error, item.traceback)
+            return TaskFailed(item.key, *_error_of(self.futures[item.key]))
         if item.status == "cancelled":
             return TaskCancelled(item.key)
         return TaskLost(item.key)  # "lost" or "pending": its worker died, Dask computes it again
@@ -247,10 +277,8 @@ class ExplorationDriver:
             ins = todo.pop(0)
             if isinstance(ins, Submit):
                 self._submit(ins)
-            elif isinstance(ins, Gather):
-                futs = [self.futures[n] for n in ins.names]
-                values = self.ask(self.client.gather, futs, what="reading metrics")  # one round trip per batch
-                todo.extend(self._handle(*(MetricRead(n, m, s) for n, (m, s) in zip(ins.names, values))))
+            elif isinstance(ins, Gather):  # one round trip per batch, not waited for: MetricRead events
+                self._read_metrics(ins.names, [self.futures[n] for n in ins.names])
             elif isinstance(ins, Answer):
                 if self.first_rung is None:
                     self.first_rung = time.perf_counter() - (self.started or time.perf_counter())
@@ -272,10 +300,8 @@ class ExplorationDriver:
                 self.first_result = time.perf_counter() - (self.started or time.perf_counter())
                 if self.budget is not None:
                     todo.extend(self._planned(self.budget.on_first_result(self.state.decisions())))
-            elif isinstance(ins, Watch):
-                for n in ins.names:  # Dask computes them again: their next outcome is the one
-                    if n in self.futures:
-                        self.futures[n].add_done_callback(self._done_callback)
+            elif isinstance(ins, Watch):  # Dask computes them again: their next outcome is the one
+                self._watch([self.futures[n] for n in ins.names if n in self.futures])
             elif isinstance(ins, Finished):
                 self.finished = True
             elif isinstance(ins, Warn):
@@ -305,9 +331,10 @@ class ExplorationDriver:
             layers[f"quiver-{uuid.uuid4().hex[:8]}"] = MaterializedLayer(placed, annotations=where)
         hlg = HighLevelGraph(layers, {})
         hlg.dependencies = {name: set() for name in hlg.layers}
-        for fut in self.client.get(hlg, list(ins.tasks), sync=False):
+        futs = self.client.get(hlg, list(ins.tasks), sync=False)
+        for fut in futs:
             self.futures[fut.key] = fut
-            fut.add_done_callback(self._done_callback)
+        self._watch(futs)
 
     def _show(self, force: bool = False) -> None:
         p = self.state.progress()

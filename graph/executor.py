@@ -91,6 +91,9 @@ class _Outcome:
     status: str
 
 
+_READ_DONE = object()  # queued after a metric read's values
+
+
 def _error_of(fut: Future) -> tuple[str, str]:
     """``("Type: message", traceback text)`` of an errored future (on the client already)."""
     try:
@@ -149,6 +152,8 @@ class ExplorationDriver:
         self.finished = False  # the machine said Finished
         self.counts: tuple[int, int] = (0, 0)  # (tasks done, reports taken): read by the watchdog
         self._abort_reason: str | None = None
+        self._to_read: list[tuple[str, Future]] = []  # metric tasks to read once the read in flight is back
+        self._reading = False
 
     def open_reports(self) -> None:
         """Listen to the run's iterative steps (``graph.iterative.ReportChannel``): each
@@ -189,19 +194,27 @@ class ExplorationDriver:
 
     def _read_metrics(self, names: tuple, futs: list[Future]) -> None:
         """Gather finished metric tasks without waiting: their values come back as
-        ``MetricRead`` events (a failed read stops the run with its error)."""
+        ``MetricRead`` events (a failed read stops the run with its error).  One read is in
+        flight at a time; what becomes ready meanwhile goes in the next one (one round trip
+        for many metrics, as a blocking gather per batch had)."""
+        self._to_read.extend(zip(names, futs))
+        if self._reading or not self._to_read:
+            return
+        batch, self._to_read = self._to_read, []
+        self._reading = True
         events = self.events
-        coro = self.client.gather(futs, asynchronous=True)
+        coro = self.client.gather([f for _, f in batch], asynchronous=True)
         read = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
 
         def done(read: Any) -> None:
             try:
                 values = read.result()
             except BaseException as exc:  # recorded: re-raised in the run as its abort, with the error
-                events.put(Abort(f"reading the metrics of {len(names)} branch(es) failed: {type(exc).__name__}: {exc}"))
+                events.put(Abort(f"reading the metrics of {len(batch)} branch(es) failed: {type(exc).__name__}: {exc}"))
                 return
-            for n, (m, s) in zip(names, values):
+            for (n, _), (m, s) in zip(batch, values):
                 events.put(MetricRead(n, m, s))
+            events.put(_READ_DONE)
 
         read.add_done_callback(done)
 
@@ -257,8 +270,12 @@ class ExplorationDriver:
 
     def _event(self, item: Any) -> Any:
         """A done-callback's outcome as a state machine event (other items are events already)."""
+        if item is _READ_DONE:  # the metric read in flight is back: send what is waiting
+            self._reading = False
+            self._read_metrics((), [])
+            return None
         if not isinstance(item, _Outcome):
-            return item  # Abort, Report
+            return item  # Abort, Report, MetricRead
         if item.key not in self.futures:
             return None  # released or cancelled by the run meanwhile
         if item.status == "finished":

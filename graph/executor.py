@@ -103,12 +103,15 @@ def _error_of(fut: Future) -> tuple[str, str]:
         return f"{type(exc).__name__}: cannot read the task's error ({exc})", ""
 
 
-async def _when_done(fut: Future, events: queue.Queue) -> None:
-    """On the client's loop: put ``fut``'s outcome on ``events`` once it leaves ``pending``
-    (what ``Future.add_done_callback`` does, without a thread hand-off per future)."""
-    from distributed.client import done_callback
-
-    await done_callback(fut, lambda f: events.put(_Outcome(f.key, f.status)))
+async def _when_done(fut: Future, events: queue.Queue, waiting: tuple[str, ...]) -> None:
+    """On the client's loop: put ``fut``'s outcome on ``events`` once its status is not in
+    ``waiting`` (what ``Future.add_done_callback`` does, as ``distributed.client.done_callback``
+    waits, without a thread hand-off per future).  A first watch waits while ``pending``; a
+    watch again after ``TaskLost`` also while ``lost`` (Dask keeps a lost future ``lost``
+    until it is in memory again)."""
+    while fut.status in waiting:
+        await fut._state.wait()
+    events.put(_Outcome(fut.key, fut.status))
 
 
 class ExplorationDriver:
@@ -181,14 +184,14 @@ class ExplorationDriver:
     def aborting(self) -> bool:
         return self._abort_reason is not None
 
-    def _watch(self, futs: list[Future]) -> None:
-        """Queue each future's outcome when it leaves ``pending``: one hand-off to the client's
+    def _watch(self, futs: list[Future], waiting: tuple[str, ...] = ("pending",)) -> None:
+        """Queue each future's outcome when it leaves ``waiting``: one hand-off to the client's
         loop for the whole batch (``add_done_callback`` costs a thread hand-off per future)."""
         events = self.events
 
         def on_loop() -> None:
             for f in futs:
-                asyncio.ensure_future(_when_done(f, events))
+                asyncio.ensure_future(_when_done(f, events, waiting))
 
         self.client.loop.add_callback(on_loop)
 
@@ -318,7 +321,7 @@ class ExplorationDriver:
                 if self.budget is not None:
                     todo.extend(self._planned(self.budget.on_first_result(self.state.decisions())))
             elif isinstance(ins, Watch):  # Dask computes them again: their next outcome is the one
-                self._watch([self.futures[n] for n in ins.names if n in self.futures])
+                self._watch([self.futures[n] for n in ins.names if n in self.futures], ("pending", "lost"))
             elif isinstance(ins, Finished):
                 self.finished = True
             elif isinstance(ins, Warn):

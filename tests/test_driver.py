@@ -170,3 +170,45 @@ def test_every_event_and_instruction_is_produced_and_acted_on_by_the_driver():
     source = inspect.getsource(executor)
     unused = [name for name in events.__all__ if f"{name}(" not in source and f"isinstance(ins, {name})" not in source]
     assert unused == []
+
+
+def test_a_result_found_lost_by_its_watcher_is_watched_until_dask_has_it_again():
+    """The other side of the race: the watcher fires while the result is already ``lost``
+    (its worker died). That is a ``TaskLost``; the machine asks to ``Watch`` it again, and the
+    driver then waits until Dask has recomputed it, once (Dask keeps a lost future ``lost``
+    until then: watching for "not pending" again would spin)."""
+    import os
+    import signal
+    import time
+
+    from distributed import Client, LocalCluster
+
+    from graph.executor import ExplorationDriver
+    from graph.progress import Progress
+    from graph.state import ExplorationState, Start
+
+    compiled = Pipeline("lost2").source(steps.source).then(steps.sleep_then, seconds=2.0).compile()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cl, Client(cl) as c:
+        driver = ExplorationDriver(ExplorationState(compiled), c, Progress(enabled=False))
+        driver.apply(driver._handle(Start()))
+        key = compiled.branches[0].key
+        deadline = time.monotonic() + 60
+        while driver.events.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        outcomes = [driver.events.get() for _ in range(2)]
+        holder = next(iter(c.who_has([driver.futures[key]]).values()))[0]
+        os.kill(c.run(os.getpid, workers=[holder])[holder], signal.SIGKILL)
+        while driver.futures[key].status == "finished" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert driver.futures[key].status == "lost"
+        for o in outcomes:  # the source's outcome as it came; the value's watcher fires now, on a lost future
+            if o.key != key:
+                driver.events.put(o)
+        driver._watch([driver.futures[key]])
+        done = threading.Thread(target=driver.run, daemon=True)
+        done.start()
+        done.join(30)
+        assert not done.is_alive(), "the run waits for a result Dask recomputed"
+        assert driver.state.lost == 1  # one loss, one watch again: no spinning on "lost"
+        assert driver.state.rows()[0].status == "ok"

@@ -9,12 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BROAD = {"Exception", "BaseException"}
-# modules other engineers own this period: not reviewed yet (issue 28, point 7)
-NOT_YET = {
-    "pipelines/cli.py", "pipelines/report.py", "pipelines/sklearn/steps.py", "graph/cluster.py",
-    "graph/shipping.py", "graph/packing.py", "graph/collections.py", "graph/placement.py", "graph/store.py",
-    "graph/dashboard/plugin.py", "graph/memory/budget.py", "gpu/packing.py",
-}
+# graph/cluster.py is being reworked by another engineer this period (issue 28, point 7): not reviewed yet
+NOT_YET = {"graph/cluster.py"}
 
 
 def _caught(handler: ast.ExceptHandler) -> set[str]:
@@ -33,6 +29,8 @@ def _records_or_raises(handler: ast.ExceptHandler) -> bool:
             return True  # the exception is kept, logged or handed on
         if isinstance(node, ast.Attribute) and node.attr in ("exception", "format_exc"):
             return True  # logger.exception / traceback.format_exc record it
+        if isinstance(node, ast.keyword) and node.arg == "exc_info":
+            return True  # logger.info(..., exc_info=True) records it
     return False
 
 

@@ -501,7 +501,11 @@ def execute(
                                            what="finishing a collection's value")
         snap = snapshot()
         budget_stats = driver.ask(budgeted.stats, snap, compiled, what="reading the workers' spill counters")
-        threads = sum(driver.ask(client.nthreads, what="counting the worker threads").values())
+        try:
+            threads = sum(driver.ask(client.nthreads, what="counting the worker threads").values())
+        except OSError as exc:  # recorded: the cluster is going away, no busy fraction rather than a wrong one
+            logger.debug("quiver: worker threads not counted: %s", exc)
+            threads = 0
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
         rows = state.rows()
         table, _ = build_table(compiled, rows, {}, snap.get("seconds", {}))

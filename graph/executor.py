@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import queue
+import threading
 import time
 import traceback as tb_module
 import uuid
@@ -155,6 +156,7 @@ class ExplorationDriver:
         self.finished = False  # the machine said Finished
         self.counts: tuple[int, int] = (0, 0)  # (tasks done, reports taken): read by the watchdog
         self._abort_reason: str | None = None
+        self._owner = threading.get_ident()  # the driver's thread: the only one that feeds the machine
         self._to_read: list[tuple[str, Future]] = []  # metric tasks to read once the read in flight is back
         self._reading = False
 
@@ -232,7 +234,8 @@ class ExplorationDriver:
             return wait(in_thread(call, f"quiver-{what}"), what=what, interrupted=self.aborting)
         except Interrupted:
             reason = self._abort_reason or what
-            self.apply(self._handle(Abort(reason)))  # raises _Stopped (Fail)
+            if threading.get_ident() == self._owner:  # (a helper's own ask leaves the machine to the driver's thread)
+                self.apply(self._handle(Abort(reason)))  # raises _Stopped (Fail)
             raise _Stopped(reason) from None
 
     def _handle(self, *events: Any) -> list:
@@ -319,7 +322,8 @@ class ExplorationDriver:
             elif isinstance(ins, FirstResult):
                 self.first_result = time.perf_counter() - (self.started or time.perf_counter())
                 if self.budget is not None:
-                    todo.extend(self._planned(self.budget.on_first_result(self.state.decisions())))
+                    replan = self.ask(self.budget.on_first_result, self.state.decisions(), what="re-planning memory")
+                    todo.extend(self._planned(replan))
             elif isinstance(ins, Watch):  # Dask computes them again: their next outcome is the one
                 self._watch([self.futures[n] for n in ins.names if n in self.futures], ("pending", "lost"))
             elif isinstance(ins, Finished):
@@ -332,7 +336,8 @@ class ExplorationDriver:
                 raise _Stopped(ins.message)
             if not todo and decided and self.budget is not None:
                 decided = False  # re-plan at most once per batch of decisions
-                todo.extend(self._planned(self.budget.on_decision(self.state.decisions())))
+                replan = self.ask(self.budget.on_decision, self.state.decisions(), what="re-planning memory")
+                todo.extend(self._planned(replan))
 
     def _planned(self, droppable: frozenset | None) -> list:
         return [] if droppable is None else self._handle(MemoryPlanned(droppable))
@@ -474,13 +479,11 @@ def execute(
             return driver.ask(client.run_on_scheduler, snapshot_on_scheduler, name=monitor.name, what="reading the run's monitor")
 
         sampled = []
-        droppable = budgeted.start(
-            compiled,
-            monitor_name=monitor.name,
-            snapshot=snapshot,
-            abort=driver.abort,
-            sample_first=lambda: sampled.append(driver.run(sample_first=True)),
-        )
+        plan = functools.partial(budgeted.start, compiled, monitor_name=monitor.name, snapshot=snapshot, abort=driver.abort)
+        if sample_sizes:  # the sampling pass runs the driver's loop: on this thread
+            droppable = plan(sample_first=lambda: sampled.append(driver.run(sample_first=True)))
+        else:  # measuring the workers' memory and planning: waited for as any scheduler call
+            droppable = driver.ask(plan, what="planning the memory budget")
         if sampled:
             driver.resume(droppable)
         else:

@@ -65,7 +65,7 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
     from distributed import Client
 
     address, sched = separate_scheduler
-    stall = 3.0
+    stall = 5.0  # the scheduler answers within it on a loaded machine, before it is stopped
     node = Pipeline("silent").source(steps.source).explore("a", grid(steps.sleep_then, seconds=[0.5 + i / 100 for i in range(12)])).choose("x")
     stopped: list[float] = []
 
@@ -84,10 +84,10 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
     try:
         with pytest.raises(RunError) as info:
             execute(graph.compile(node), client, progress=False, stall_timeout=stall, on_driver=stop_the_scheduler_mid_run)
+        assert stopped, f"the run ended before the scheduler was stopped: {info.value}"
         took = time.monotonic() - stopped[0]
         print(f"\nthe run ended {took:.1f} s after the scheduler was stopped (stall_timeout={stall:g})")
         msg = str(info.value)
-        assert stopped, "the run ended before the scheduler was stopped"
         assert "has not answered for" in msg and address in msg and "stall_timeout" in msg
         assert "\n" not in msg
         assert took < stall + 30, f"the run took {took:.0f} s to end after the scheduler stopped"

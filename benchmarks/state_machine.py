@@ -10,7 +10,7 @@ from graph.state import ExplorationState, Start, Submit, Gather, MetricRead, Tas
 def run(n):
     p = Pipeline("b").source(steps.source).explore("a", grid(steps.add, n=list(range(n // 20)))).explore("b", grid(steps.mul, n=list(range(20))))
     c = p.choose("x", k=3).then(steps.square).compile()
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     waiting_on = {}
     readers = {}
     ready = deque()

@@ -56,6 +56,7 @@ Across workers (inside one task per worker; :func:`gpu.gang.run_gang` does the w
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import statistics
 import time
@@ -66,6 +67,8 @@ import numpy as np
 import torch
 
 from .schedules import allreduce_schedule, broadcast as broadcast_schedule, rank_plan
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CollectiveError",
@@ -185,7 +188,8 @@ class _Buffer:
 def _cupy():
     try:
         import cupy
-    except Exception:  # not installed, or no usable CUDA runtime
+    except Exception as exc:  # recorded: not installed, or no usable CUDA runtime (any error of its import)
+        logger.debug("cupy unavailable: %s", exc)
         return None
     return cupy
 
@@ -248,16 +252,15 @@ class Collective:
         if size == 1:
             return
         if worker is None:
-            from distributed import get_worker
+            from .worker import current_worker
 
-            try:
-                worker = get_worker()
-            except ValueError as e:
+            worker = current_worker()
+            if worker is None:
                 raise CollectiveError(
                     f"rank {rank}: a Collective of size {size} must be created inside a Dask task "
                     "(it listens on the worker's own protocol and host); pass worker= otherwise",
                     rank=rank,
-                ) from e
+                )
         self._worker = worker
         self.address = self._sync(self._listen)
 
@@ -389,7 +392,8 @@ class Collective:
             await asyncio.wait_for(comm.write({"op": "welcome", "rank": self.rank}), self.timeout)
             if self._connected is not None and len(self._comms) == self.size - 1:
                 self._connected.set()
-        except Exception:
+        except Exception as exc:  # recorded: a bad or broken handshake is refused; the rank waits for a good one
+            logger.debug("rank %s: handshake refused: %r", self.rank, exc)
             comm.abort()
             return
         await self._read_loop(peer, comm)
@@ -415,7 +419,7 @@ class Collective:
                 await asyncio.wait_for(
                     comm.write({"op": "hello", "group": self.group, "rank": self.rank}), self.timeout)
                 reply = await asyncio.wait_for(comm.read(), self.timeout)
-            except Exception as e:
+            except Exception as e:  # re-raised as a CollectiveError naming the peer it could not reach
                 raise CollectiveError(
                     f"rank {self.rank}: could not connect to rank {peer} at {address} within "
                     f"{self.timeout:g} s: {e!r}", rank=self.rank, peer=peer, timeout=self.timeout,
@@ -469,7 +473,7 @@ class Collective:
                 queue.put_nowait(msg)
         except asyncio.CancelledError:
             raise
-        except Exception as e:
+        except Exception as e:  # recorded as the collective's error (a cancellation propagates above)
             if not self._closed:
                 self._fail(CollectiveError(
                     f"rank {self.rank}: lost the connection to rank {peer} ({self.peers[peer]}): {e!r}; "
@@ -513,7 +517,7 @@ class Collective:
             ) from None
         except asyncio.CancelledError:
             raise
-        except Exception as e:
+        except Exception as e:  # re-raised as a CollectiveError naming the peer
             raise self._error or CollectiveError(
                 f"rank {self.rank}: could not send {kind} #{seq} to rank {peer} "
                 f"({self.peers[peer]}): {e!r}", rank=self.rank, peer=peer, timeout=self.timeout) from e
@@ -577,14 +581,14 @@ class Collective:
             everything.append(asyncio.ensure_future(self._recv_array(*recv)))
         try:
             await asyncio.gather(*everything)
-        except BaseException as e:
+        except BaseException as e:  # re-raised (a cancellation as itself) once the rest is cancelled and peers told
             for t in everything:
                 t.cancel()
             await asyncio.gather(*everything, return_exceptions=True)
             err = e if isinstance(e, CollectiveError) else CollectiveError(
                 f"rank {self.rank}: collective failed: {e!r}", rank=self.rank, timeout=self.timeout)
             await self._abort(err)
-            if err is e:
+            if err is e or not isinstance(e, Exception):
                 raise
             raise err from e
 
@@ -599,8 +603,8 @@ class Collective:
                 return
             try:
                 await asyncio.wait_for(comm.write(msg), min(self.timeout, _ABORT_SEND_SECONDS))
-            except BaseException:
-                pass
+            except Exception as exc:  # recorded: best effort, the peer may be gone (a cancellation propagates)
+                logger.debug("rank %s: cannot tell rank %s of the abort: %r", self.rank, peer, exc)
 
         await asyncio.gather(*(tell(p, c) for p, c in list(self._comms.items())),
                              return_exceptions=True)
@@ -618,8 +622,8 @@ class Collective:
                     return
                 try:
                     await asyncio.wait_for(comm.write({"op": "bye"}), min(self.timeout, _ABORT_SEND_SECONDS))
-                except BaseException:
-                    pass
+                except Exception as exc:  # recorded: best effort, the peer may be gone (a cancellation propagates)
+                    logger.debug("rank %s: cannot say bye to rank %s: %r", self.rank, peer, exc)
 
             await asyncio.gather(*(bye(p, c) for p, c in comms), return_exceptions=True)
             # Close only once every peer said bye too: closing first can drop the peer's last
@@ -629,12 +633,13 @@ class Collective:
             if waits:
                 try:
                     await asyncio.wait_for(asyncio.gather(*waits), self.timeout)
-                except BaseException:
-                    pass
+                except (asyncio.TimeoutError, OSError) as exc:  # recorded: a peer that never says bye is closed anyway
+                    logger.debug("rank %s: not every peer said bye: %r", self.rank, exc)
         for _, comm in comms:
             try:
                 await asyncio.wait_for(comm.close(), _ABORT_SEND_SECONDS)
-            except BaseException:
+            except Exception as exc:  # recorded: a comm that cannot close politely is aborted
+                logger.debug("rank %s: aborting a comm that did not close: %r", self.rank, exc)
                 comm.abort()
         readers = [t for t in self._tasks if t is not None and not t.done()]
         if readers:  # they end on the closed comms; let them, so the listener stops cleanly
@@ -647,8 +652,8 @@ class Collective:
         if hasattr(server, "_wait_for_active_clients"):
             try:
                 await asyncio.wait_for(server._wait_for_active_clients(), _ABORT_SEND_SECONDS)
-            except BaseException:
-                pass
+            except Exception as exc:  # recorded: the listener is stopped anyway
+                logger.debug("rank %s: ucxx clients still active: %r", self.rank, exc)
         if self._listener is not None:
             self._listener.stop()
             self._listener = None

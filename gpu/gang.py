@@ -35,6 +35,7 @@ thread can host a member. Nested gangs (``fn`` calling ``run_gang``) are unteste
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -44,6 +45,8 @@ from typing import Any, Callable, Sequence
 from gpu.allreduce import Collective, CollectiveError
 
 __all__ = ["GangContext", "GangError", "run_gang", "run_gang_timed", "gang_client", "ADMISSION_LOCK"]
+
+logger = logging.getLogger(__name__)
 
 ADMISSION_LOCK = "quiver-gang-admission"
 _POLL_SECONDS = 0.25
@@ -97,10 +100,14 @@ class GangContext:
 def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: tuple,
             kwargs: dict, timeout: float, admission_timeout: float | None, algorithm: str) -> Any:
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
-    from distributed import Event, Queue, Variable, get_client, get_worker
+    from distributed import Event, Queue, Variable, get_client
+
+    from .worker import current_worker
 
     began = time.perf_counter()
-    worker = get_worker()
+    worker = current_worker()
+    if worker is None:
+        raise RuntimeError(f"gang {name!r} rank {rank}: a gang member runs as a Dask task, not called directly")
     size = len(workers)
     coll = Collective(rank, size, timeout=timeout, group=name, algorithm=algorithm, worker=worker)
     try:
@@ -133,7 +140,7 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
             return fn(ctx, *args, **kwargs)
         except CollectiveError:
             raise
-        except BaseException as e:
+        except BaseException as e:  # re-raised: the peers are told first, so they fail at once
             coll.abort(f"member function raised {e!r}")
             raise
     finally:
@@ -142,14 +149,13 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
 
 def _cancelled() -> bool:
     """Whether the scheduler no longer wants this task (its client left, or it was cancelled)."""
-    try:
-        from distributed import get_worker
-        from distributed.worker import thread_state
+    from .worker import current_task, current_worker
 
-        ts = get_worker().state.tasks.get(thread_state.key)
-        return ts is None or ts.state in ("cancelled", "released", "forgotten")
-    except Exception:
+    key = current_task()
+    if key is None:
         return False
+    ts = current_worker().state.tasks.get(key)
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
 # ----------------------------------------------------------------------------- client side
@@ -239,14 +245,9 @@ def gang_client(client: Any = None):
 
 
 def _inside_task() -> bool:
-    try:
-        from distributed import get_worker
-        from distributed.worker import thread_state
+    from .worker import current_task
 
-        get_worker()
-        return getattr(thread_state, "key", None) is not None
-    except Exception:
-        return False
+    return current_task() is not None
 
 
 def _alive_workers(client) -> set[str]:
@@ -302,7 +303,7 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
             timings["wait_s"] = max(last_start - t0 - timings["lock_s"], 0.0)
             peers.set({"addresses": addresses})
             started.set()
-        except BaseException as e:
+        except BaseException as e:  # re-raised: the members waiting for their peers are told first
             peers.set({"abort": repr(e)})
             started.set()
             raise
@@ -312,7 +313,7 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
         results = _gather(client, name, workers, futures, timeout)
         timings["run_s"] = time.perf_counter() - t0 - timings["admission_s"]
         return results, timings
-    except BaseException:
+    except BaseException:  # re-raised: the members submitted are cancelled first
         if futures:
             client.cancel(futures)
         raise
@@ -321,8 +322,8 @@ def _run(client, fn, workers, args, kwargs, timeout, admission_timeout, algorith
         for cleanup in (peers.delete, started.clear):
             try:
                 cleanup()
-            except Exception:
-                pass
+            except Exception as exc:  # recorded: the cluster may be going away; nothing waits for them
+                logger.debug("gang %s: clean-up failed: %s", name, exc)
 
 
 def _admit(client, name, workers, futures, checkin, deadline) -> tuple[list[str], float]:

@@ -97,6 +97,8 @@ def members_memo_key(model: Callable, data: Any, shared: Mapping, members: int) 
     """
     from dask.base import tokenize
 
+    from dask.tokenize import TokenizationError
+
     from .training import _as_data, _deterministic_tokens
 
     try:
@@ -104,7 +106,7 @@ def members_memo_key(model: Callable, data: Any, shared: Mapping, members: int) 
         with _deterministic_tokens():
             token = tokenize(model, sorted(shared.items()), members, tuple(d.x_train.shape), str(d.x_train.dtype),
                              str(d.x_train.device), len(d.x_test))
-    except Exception:
+    except (TokenizationError, ValueError):  # no deterministic token, or data train refuses: nothing memoized
         return None
     return ["quiver", "members-auto", token]
 

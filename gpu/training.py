@@ -30,6 +30,7 @@ worker dies, the run resumes on the remaining workers from the last checkpoint (
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 import time
 import uuid
@@ -40,6 +41,8 @@ from typing import Any
 from .engine import Solo, TrainConfig, iter_member, tune_member
 
 __all__ = ["train", "iterate", "pick_workers"]
+
+logger = logging.getLogger(__name__)
 
 
 def _as_data(data: Any) -> Any:
@@ -58,13 +61,15 @@ def _as_data(data: Any) -> Any:
     return data
 
 
-def _in_dask() -> bool:
-    try:
-        from distributed import get_client
+def _client_available() -> bool:
+    """Whether a Dask client is at hand (inside a task, the worker's; outside, a default one):
+    ``train(workers>1)`` then runs a gang, else trains alone."""
+    from distributed import get_client
 
+    try:
         get_client()
         return True
-    except Exception:
+    except ValueError:  # get_client() with no client anywhere: "No global client found"
         return False
 
 
@@ -106,23 +111,16 @@ TRAINING_TOPIC = "quiver-training"
 
 def _current_task() -> str | None:
     """The key of the Dask task running this code (the training step), or ``None`` outside Dask."""
-    try:
-        from distributed import get_worker
+    from .worker import current_task
 
-        key = get_worker().get_current_task()
-        return None if key is None else str(key)
-    except Exception:
-        return None
+    return current_task()
 
 
 def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]:
     """``publish(msg)``: log ``msg`` on the ``quiver-training`` topic from this worker (no-op outside one)."""
-    try:
-        from distributed import get_worker
+    from .worker import current_worker
 
-        worker = get_worker()
-    except Exception:
-        worker = None
+    worker = current_worker()
     if worker is None or task is None:
         return lambda msg: None
 
@@ -131,8 +129,8 @@ def _publisher(task: str | None, rank: int, size: int) -> Callable[[dict], None]
             body = {"task": task, "rank": rank, "size": size, "worker": worker.address}
             body.update({k: (float(v) if isinstance(v, float) else v) for k, v in msg.items()})
             worker.log_event(TRAINING_TOPIC, body)
-        except Exception:  # progress is a view: training never fails because of it
-            pass
+        except Exception as exc:  # recorded: progress is a view, training never fails because of it
+            logger.debug("quiver: cannot publish a training event: %s", exc)
 
     return publish
 
@@ -319,7 +317,7 @@ def iterate(data: Any, **kwargs: Any):
     data = _as_data(data)
     task = _current_task()  # the dashboard links this run's curves to the branch(es) of this step
     overheads = {"admission_seconds": 0.0, "queued_seconds": 0.0, "data_seconds": 0.0, "tuning_seconds": 0.0}
-    if workers == 1 or not _in_dask():
+    if workers == 1 or not _client_available():
         epochs = _observed(Solo(), data, model, cfg, None, task)
         try:
             rec = next(epochs)
@@ -431,8 +429,8 @@ class _GangRun:
             self.thread.join()
         try:
             self.stop_event.clear()
-        except Exception:
-            pass
+        except Exception as exc:  # recorded: the cluster may be going away; nothing waits for it
+            logger.debug("quiver: cannot clear the gang's stop event: %s", exc)
 
     def outcome(self) -> tuple[dict, int, int]:
         if self.error is not None:
@@ -494,12 +492,10 @@ class _GangRun:
 
 
 def _worker_address() -> str | None:
-    try:
-        from distributed import get_worker
+    from .worker import current_worker
 
-        return get_worker().address
-    except Exception:
-        return None
+    worker = current_worker()
+    return None if worker is None else worker.address
 
 
 def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) -> list[str] | None:
@@ -508,6 +504,7 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) 
     and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
     deterministic token (then every run tunes)."""
     from dask.base import tokenize
+    from dask.tokenize import TokenizationError
 
     try:
         with _deterministic_tokens():
@@ -516,7 +513,7 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) 
                 cfg.partitions, cfg.algorithm, size, tuple(data.x_train.shape), str(data.x_train.dtype),
                 str(data.x_train.device), len(data.x_test),
             )
-    except Exception:
+    except TokenizationError:  # the model has no deterministic token: every run tunes
         return None
     return ["quiver", "replicas-auto", token]
 
@@ -577,8 +574,8 @@ def _forget(name: str, client=None) -> None:
 
         Variable(name, client=client).delete()
         Event(f"{name}-started", client=client).clear()
-    except Exception:
-        pass
+    except Exception as exc:  # recorded: the cluster may be going away; nothing waits for them
+        logger.debug("quiver: cannot forget %s: %s", name, exc)
 
 
 def _summarise(out: dict, model: Callable, cfg: TrainConfig, size: int, restarts: int,

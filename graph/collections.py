@@ -176,7 +176,7 @@ def apply_lazily(where: str, label: str, fn: Callable, args: Sequence, kwargs: M
                 "lazy, or mark it pipelines.eager to run it on the computed value."
             ) from None
         return None
-    except Exception as exc:
+    except Exception as exc:  # re-raised as a PipelineError: the user's step may raise anything
         raise PipelineError(
             f"{where}: step {label} failed when applied to its Dask collection input at compile time "
             f"({type(exc).__name__}: {exc}). Collection steps run on the client, lazily, before anything "
@@ -205,7 +205,7 @@ def call_source(where: str, label: str, fn: Callable, kwargs: Mapping) -> Any:
             "A collection source builds a lazy collection (dd.read_parquet, da.from_zarr, dd.from_map, ...); "
             "give meta= where Dask would otherwise compute a partition to infer it (dd.from_map, map_partitions)."
         ) from None
-    except Exception as exc:
+    except Exception as exc:  # re-raised as a PipelineError: the user's source may raise anything
         raise PipelineError(
             f"{where}: source {label} failed when called at compile time ({type(exc).__name__}: {exc}). "
             "Lazy sources run on the client before anything runs on the cluster: check its parameters "

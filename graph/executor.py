@@ -13,8 +13,11 @@ instructions into Client calls and the Client's callbacks into its events
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import queue
+import threading
 import time
 import traceback as tb_module
 import uuid
@@ -25,6 +28,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
+from .bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, within
 from .compiler import CompiledPipeline
 from .dashboard import ensure_dashboard
 from .dashboard.protocol import ExplorationPublisher, TrainingWatch
@@ -39,11 +43,11 @@ from .state import (
     ChooseDecided,
     ExplorationState,
     Fail,
+    Finished,
     FirstResult,
     Gather,
     MemoryPlanned,
     MetricRead,
-    Publish,
     Release,
     Report,
     Start,
@@ -51,7 +55,9 @@ from .state import (
     TaskCancelled,
     TaskFailed,
     TaskFinished,
+    TaskLost,
     Warn,
+    Watch,
 )
 from .table import build_table
 from .transform import prepare
@@ -77,12 +83,47 @@ class _Stopped(Exception):
     """The state machine said ``Fail``: the run ends with a ``RunError`` (and its table)."""
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """A future's status when it left ``pending`` (read then, on the client's event loop: the
+    future may be ``lost`` again by the time the driver takes it from its queue)."""
+
+    key: Any
+    status: str
+
+
+_READ_DONE = object()  # queued after a metric read's values
+
+
+def _error_of(fut: Future) -> tuple[str, str]:
+    """``("Type: message", traceback text)`` of an errored future (on the client already)."""
+    try:
+        exc = fut.exception(timeout=5)
+        return f"{type(exc).__name__}: {exc}", "".join(tb_module.format_exception(type(exc), exc, fut.traceback(timeout=5)))
+    except Exception as exc:  # recorded as the task's error: its state changed meanwhile
+        return f"{type(exc).__name__}: cannot read the task's error ({exc})", ""
+
+
+async def _when_done(fut: Future, events: queue.Queue, waiting: tuple[str, ...]) -> None:
+    """On the client's loop: put ``fut``'s outcome on ``events`` once its status is not in
+    ``waiting`` (what ``Future.add_done_callback`` does, as ``distributed.client.done_callback``
+    waits, without a thread hand-off per future).  A first watch waits while ``pending``; a
+    watch again after ``TaskLost`` also while ``lost`` (Dask keeps a lost future ``lost``
+    until it is in memory again)."""
+    while fut.status in waiting:
+        await fut._state.wait()
+    events.put(_Outcome(fut.key, fut.status))
+
+
 class ExplorationDriver:
     """Feeds one run's state machine from the Client and carries out its instructions.
 
     :meth:`abort` is thread-safe: a watchdog (or any other thread, or a Dask event
     handler) calls ``driver.abort(RunError("..."))`` and the run stops at its next step
-    with that message, cancelling what it submitted.
+    with that message, cancelling what it submitted.  The driver never blocks where it
+    cannot see an abort: a call that waits for the scheduler goes through :meth:`ask`.
+    ``counts`` is ``(tasks done, reports taken)`` after the last ``handle``, an immutable
+    pair other threads (the watchdog) read.
     """
 
     def __init__(
@@ -112,6 +153,12 @@ class ExplorationDriver:
         self.first_result: float | None = None  # seconds from the first submission to the first result
         self.first_rung: float | None = None  # seconds from the first submission to the first rung answer
         self.channel: Any = None  # graph.iterative.ReportChannel, when the run has iterative steps
+        self.finished = False  # the machine said Finished
+        self.counts: tuple[int, int] = (0, 0)  # (tasks done, reports taken): read by the watchdog
+        self._abort_reason: str | None = None
+        self._owner = threading.get_ident()  # the driver's thread: the only one that feeds the machine
+        self._to_read: list[tuple[str, Future]] = []  # metric tasks to read once the read in flight is back
+        self._reading = False
 
     def open_reports(self) -> None:
         """Listen to the run's iterative steps (``graph.iterative.ReportChannel``): each
@@ -122,9 +169,9 @@ class ExplorationDriver:
 
             self.channel = ReportChannel(self.client, self._on_report)
 
-    def close_reports(self) -> None:
+    def close_reports(self, timeout: float = CLEANUP_SECONDS) -> None:
         if self.channel is not None:
-            self.channel.close()
+            self.channel.close(timeout)
 
     def _on_report(self, key: str, iteration: int, report: dict) -> None:
         self.events.put(Report(key, iteration, report))  # on the client's event loop: queue it only
@@ -132,17 +179,76 @@ class ExplorationDriver:
     # ---- from other threads ------------------------------------------------------------------
     def abort(self, error: BaseException | str) -> None:
         """Stop the run with ``error``'s message (thread-safe; the run raises ``RunError``)."""
+        if self._abort_reason is None:
+            self._abort_reason = str(error)
         self.events.put(Abort(str(error)))
 
-    def _done_callback(self, fut: Future) -> None:
-        self.events.put(fut.key)
+    def aborting(self) -> bool:
+        return self._abort_reason is not None
+
+    def _watch(self, futs: list[Future], waiting: tuple[str, ...] = ("pending",)) -> None:
+        """Queue each future's outcome when it leaves ``waiting``: one hand-off to the client's
+        loop for the whole batch (``add_done_callback`` costs a thread hand-off per future)."""
+        events = self.events
+
+        def on_loop() -> None:
+            for f in futs:
+                asyncio.ensure_future(_when_done(f, events, waiting))
+
+        self.client.loop.add_callback(on_loop)
+
+    def _read_metrics(self, names: tuple, futs: list[Future]) -> None:
+        """Gather finished metric tasks without waiting: their values come back as
+        ``MetricRead`` events (a failed read stops the run with its error).  One read is in
+        flight at a time; what becomes ready meanwhile goes in the next one (one round trip
+        for many metrics, as a blocking gather per batch had)."""
+        self._to_read.extend(zip(names, futs))
+        if self._reading or not self._to_read:
+            return
+        batch, self._to_read = self._to_read, []
+        self._reading = True
+        events = self.events
+        coro = self.client.gather([f for _, f in batch], asynchronous=True)
+        read = asyncio.run_coroutine_threadsafe(coro, self.client.loop.asyncio_loop)
+
+        def done(read: Any) -> None:
+            try:
+                values = read.result()
+            except BaseException as exc:  # recorded: re-raised in the run as its abort, with the error
+                events.put(Abort(f"reading the metrics of {len(batch)} branch(es) failed: {type(exc).__name__}: {exc}"))
+                return
+            for (n, _), (m, s) in zip(batch, values):
+                events.put(MetricRead(n, m, s))
+            events.put(_READ_DONE)
+
+        read.add_done_callback(done)
+
+    # ---- waiting for the scheduler ---------------------------------------------------------------
+    def ask(self, fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` (a call that waits for the scheduler) on a helper thread,
+        waited for until it returns or the run is aborted: then the machine takes the
+        ``Abort`` (cancelling what the run submitted) and the run ends with its reason.  The
+        watchdog (``stall_timeout``) is what bounds the wait for a silent scheduler."""
+        try:
+            call = functools.partial(fn, *args, **kwargs)
+            return wait(in_thread(call, f"quiver-{what}"), what=what, interrupted=self.aborting)
+        except Interrupted:
+            reason = self._abort_reason or what
+            if threading.get_ident() == self._owner:  # (a helper's own ask leaves the machine to the driver's thread)
+                self.apply(self._handle(Abort(reason)))  # raises _Stopped (Fail)
+            raise _Stopped(reason) from None
+
+    def _handle(self, *events: Any) -> list:
+        out = self.state.handle(*events)
+        self.counts = self.state.counts()
+        return out
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, *, sample_first: bool = False) -> None:
         """Run to the end (``sample_first``: the first branch alone, then the rest after
         :meth:`resume`). Raises ``_Stopped`` when the state machine says ``Fail``."""
-        self.apply(self.state.handle(Start(first_only=sample_first)))
-        until = (lambda: self.state.sampled) if sample_first else (lambda: self.state.finished_run)
+        self.apply(self._handle(Start(first_only=sample_first)))
+        until = (lambda: self.state.sampled) if sample_first else (lambda: self.finished)
         while not until():
             try:
                 first = self.events.get(timeout=self.poll)
@@ -157,7 +263,7 @@ class ExplorationDriver:
                     break
             events = [e for e in map(self._event, batch) if e is not None]
             if events:
-                self.apply(self.state.handle(*events))
+                self.apply(self._handle(*events))
             self._show()
         self.ended = time.perf_counter()
         self._show(force=True)
@@ -165,25 +271,26 @@ class ExplorationDriver:
     def resume(self, droppable: frozenset | None = None) -> None:
         """After a sampling pass: install the plan's droppable keys and run the rest."""
         events: list = [MemoryPlanned(droppable)] if droppable is not None else []
-        self.apply(self.state.handle(*events, Start()))
+        self.apply(self._handle(*events, Start()))
         self.run()
 
     def _event(self, item: Any) -> Any:
-        """A Client callback's future (by name) as a state machine event."""
-        if not isinstance(item, (str, tuple)):  # a future's key (a Dask partition's is a tuple)
-            return item  # already an event (Abort)
-        fut = self.futures.get(item)
-        if fut is None:
+        """A done-callback's outcome as a state machine event (other items are events already)."""
+        if item is _READ_DONE:  # the metric read in flight is back: send what is waiting
+            self._reading = False
+            self._read_metrics((), [])
+            return None
+        if not isinstance(item, _Outcome):
+            return item  # Abort, Report, MetricRead
+        if item.key not in self.futures:
             return None  # released or cancelled by the run meanwhile
-        if fut.status == "finished":
-            return TaskFinished(item)
-        if fut.status == "error":
-            exc = fut.exception()
-            text = "".join(tb_module.format_exception(type(exc), exc, fut.traceback()))
-            return TaskFailed(item, f"{type(exc).__name__}: {exc}", text)
-        if fut.status == "cancelled":
-            return TaskCancelled(item)
-        return None
+        if item.status == "finished":
+            return TaskFinished(item.key)
+        if item.status == "error":
+            return TaskFailed(item.key, *_error_of(self.futures[item.key]))
+        if item.status == "cancelled":
+            return TaskCancelled(item.key)
+        return TaskLost(item.key)  # "lost" or "pending": its worker died, Dask computes it again
 
     def apply(self, instructions: list) -> None:
         """Carry out the state machine's instructions (and feed back what they produce)."""
@@ -193,10 +300,8 @@ class ExplorationDriver:
             ins = todo.pop(0)
             if isinstance(ins, Submit):
                 self._submit(ins)
-            elif isinstance(ins, Gather):
-                futs = [self.futures[n] for n in ins.names]
-                values = self.client.gather(futs)  # one round trip per batch
-                todo.extend(self.state.handle(*(MetricRead(n, m, s) for n, (m, s) in zip(ins.names, values))))
+            elif isinstance(ins, Gather):  # one round trip per batch, not waited for: MetricRead events
+                self._read_metrics(ins.names, [self.futures[n] for n in ins.names])
             elif isinstance(ins, Answer):
                 if self.first_rung is None:
                     self.first_rung = time.perf_counter() - (self.started or time.perf_counter())
@@ -217,10 +322,12 @@ class ExplorationDriver:
             elif isinstance(ins, FirstResult):
                 self.first_result = time.perf_counter() - (self.started or time.perf_counter())
                 if self.budget is not None:
-                    todo.extend(self._planned(self.budget.on_first_result(self.state.decisions())))
-            elif isinstance(ins, Publish):
-                if self.publisher is not None:
-                    self.publisher.update(ins.branches, self.state.progress()["tasks_done"])
+                    replan = self.ask(self.budget.on_first_result, self.state.decisions(), what="re-planning memory")
+                    todo.extend(self._planned(replan))
+            elif isinstance(ins, Watch):  # Dask computes them again: their next outcome is the one
+                self._watch([self.futures[n] for n in ins.names if n in self.futures], ("pending", "lost"))
+            elif isinstance(ins, Finished):
+                self.finished = True
             elif isinstance(ins, Warn):
                 self.progress.note(ins.message)
                 if not self.progress.enabled:
@@ -229,10 +336,11 @@ class ExplorationDriver:
                 raise _Stopped(ins.message)
             if not todo and decided and self.budget is not None:
                 decided = False  # re-plan at most once per batch of decisions
-                todo.extend(self._planned(self.budget.on_decision(self.state.decisions())))
+                replan = self.ask(self.budget.on_decision, self.state.decisions(), what="re-planning memory")
+                todo.extend(self._planned(replan))
 
     def _planned(self, droppable: frozenset | None) -> list:
-        return [] if droppable is None else self.state.handle(MemoryPlanned(droppable))
+        return [] if droppable is None else self._handle(MemoryPlanned(droppable))
 
     def _submit(self, ins: Submit) -> None:
         if self.started is None:
@@ -248,9 +356,10 @@ class ExplorationDriver:
             layers[f"quiver-{uuid.uuid4().hex[:8]}"] = MaterializedLayer(placed, annotations=where)
         hlg = HighLevelGraph(layers, {})
         hlg.dependencies = {name: set() for name in hlg.layers}
-        for fut in self.client.get(hlg, list(ins.tasks), sync=False):
+        futs = self.client.get(hlg, list(ins.tasks), sync=False)
+        for fut in futs:
             self.futures[fut.key] = fut
-            fut.add_done_callback(self._done_callback)
+        self._watch(futs)
 
     def _show(self, force: bool = False) -> None:
         p = self.state.progress()
@@ -259,17 +368,13 @@ class ExplorationDriver:
         self.progress.update(**p, force=force)
 
 
-def _busy_fraction(driver: ExplorationDriver, snap: dict, client: Client) -> float | None:
+def _busy_fraction(driver: ExplorationDriver, snap: dict, threads: int) -> float | None:
     """The worker threads' busy fraction over the run: the compute seconds the scheduler
     recorded (``startstops`` of every task of the run that finished or failed, as
     :class:`graph.monitor.RunMonitor` keeps them; a step waiting at a rung holds its thread
     and counts as busy) over (worker threads x seconds from the first submission to the end
     of the run).  Work lost with a killed worker is not counted.  ``None`` when unknown."""
     if driver.started is None or driver.ended is None:
-        return None
-    try:
-        threads = sum(client.nthreads().values())
-    except Exception:  # the cluster is going away: no figure rather than a wrong one
         return None
     span = driver.ended - driver.started
     if not threads or span <= 0:
@@ -320,101 +425,101 @@ def execute(
     it returns an object with ``close()`` (or ``cancel()``, e.g. a ``threading.Timer``), that is
     called when the run ends.
     ``stall_timeout``: seconds without progress (workers paused or gone, the scheduler silent)
-    before the run stops with a ``RunError`` (``graph.watchdog``; ``None``/0: never).
+    before the run stops with a ``RunError`` (``graph.watchdog.stall_seconds``: ``None`` is
+    the default, 60 s; 0 turns the watchdog off).
     ``compute_value``: a kept value holding Dask collections is computed and gathered
     (default: its partitioned collections are persisted on the cluster; graph/collections.py).
+
+    Every wait for the scheduler is bounded (docs/architecture.md §4, "Bounded waits"): the
+    run's calls end when the watchdog aborts, its clean-up within ``CLEANUP_SECONDS``.
     """
+    from .watchdog import Sampler, stall_seconds
+
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
+    stall = stall_seconds(stall_timeout)
     start = time.perf_counter()
     run_id = uuid.uuid4().hex[:12]
     prepared = prepare(compiled, store, run_id)  # graph/transform.py: the store, not-rerunnable steps
     compiled = prepared.compiled
-    state = ExplorationState(compiled, on_metric_error=on_metric_error, publish=False)  # pulled when due
+    state = ExplorationState(compiled, on_metric_error=on_metric_error)
     monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
-    client.register_plugin(monitor)
     bar = Progress(enabled=progress)
-    ensure_dashboard(client)  # the dashboard pages; the publisher sends them the branch states
     publisher = ExplorationPublisher(client, run_id, compiled, naive_tasks=prepared.naive_tasks, unique_tasks=prepared.unique_tasks)
-    publisher.start()
-    watch = TrainingWatch(client, bar)
+    driver = ExplorationDriver(
+        state, client, bar, publisher=publisher, depth_first=order == "depth-first", placement=compiled.placement,
+    )
+    watch = None
     budgeted = None
     watcher = None
+    registered = False
+    deadline: list[float] = []  # when the run's clean-up must be over (set when it starts)
     snap: dict = {}
     sampler = None
     try:
-        budgeted = BudgetedRun(client, memory_budget, sample=sample_sizes, run_id=run_id, disk_bandwidth=disk_bandwidth)
-        driver = ExplorationDriver(
-            state, client, bar, publisher=publisher, budget=budgeted, depth_first=order == "depth-first",
-            placement=compiled.placement,
-        )
+        if stall is not None:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
+            sampler = Sampler(
+                client, lambda reason: driver.abort(RunError(reason)), stall,
+                progress=lambda: driver.counts[0],  # immutable numbers the driver publishes
+                reports=lambda: driver.counts[1],  # a reporting step is progress (Watchdog's docs)
+            ).start()
+        driver.ask(client.register_plugin, monitor, what="registering the run's monitor")
+        registered = True
+        driver.ask(ensure_dashboard, client, what="adding the dashboard")  # its pages; the publisher feeds them
+        publisher.start()
+        watch = TrainingWatch(client, bar)
+        budgeted = driver.ask(BudgetedRun, client, memory_budget, sample=sample_sizes, run_id=run_id,
+                              disk_bandwidth=disk_bandwidth, what="reading the workers' spill counters")
+        driver.budget = budgeted
         driver.open_reports()  # before anything is submitted: no report is missed
         if on_driver is not None:
             watcher = on_driver(driver)
-        if stall_timeout:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
-            from .watchdog import Sampler
-
-            sampler = Sampler(
-                client, lambda reason: driver.abort(RunError(reason)), stall_timeout,
-                progress=lambda: state.progress()["tasks_done"],
-                reports=state.report_count,  # a reporting step is progress (Watchdog's docs)
-            ).start()
 
         def snapshot() -> dict:
-            return client.run_on_scheduler(snapshot_on_scheduler, name=monitor.name)
+            return driver.ask(client.run_on_scheduler, snapshot_on_scheduler, name=monitor.name, what="reading the run's monitor")
 
         sampled = []
-        droppable = budgeted.start(
-            compiled,
-            monitor_name=monitor.name,
-            snapshot=snapshot,
-            abort=driver.abort,
-            sample_first=lambda: sampled.append(driver.run(sample_first=True)),
-        )
+        plan = functools.partial(budgeted.start, compiled, monitor_name=monitor.name, snapshot=snapshot, abort=driver.abort)
+        if sample_sizes:  # the sampling pass runs the driver's loop: on this thread
+            droppable = plan(sample_first=lambda: sampled.append(driver.run(sample_first=True)))
+        else:  # measuring the workers' memory and planning: waited for as any scheduler call
+            droppable = driver.ask(plan, what="planning the memory budget")
         if sampled:
             driver.resume(droppable)
         else:
-            driver.apply(state.handle(MemoryPlanned(droppable)))
+            driver.apply(driver._handle(MemoryPlanned(droppable)))
             driver.run()
         rows = state.rows()
         names = state.result_names()
         ok = [(rows[j].branch.key, name) for j, name in names.items()]
-        gathered = client.gather([driver.futures[name] for _, name in ok]) if ok else []
+        futs = [driver.futures[name] for _, name in ok]
+        gathered = driver.ask(client.gather, futs, what="gathering the results") if ok else []
         values = {key: v for (key, _), v in zip(ok, gathered)}
         lazy = [rows[j].branch for j in names if rows[j].branch.lazy is not None]
         if lazy:  # collections: persisted from the partitions the run holds (docs/architecture.md §8)
             from .collections import finish_value
 
             for b in lazy:
-                values[b.key] = finish_value(client, b.lazy, values[b.key], compute_value)
+                values[b.key] = driver.ask(finish_value, client, b.lazy, values[b.key], compute_value,
+                                           what="finishing a collection's value")
         snap = snapshot()
-        budget_stats = budgeted.stats(snap, compiled)
+        budget_stats = driver.ask(budgeted.stats, snap, compiled, what="reading the workers' spill counters")
+        try:
+            threads = sum(driver.ask(client.nthreads, what="counting the worker threads").values())
+        except OSError as exc:  # recorded: the cluster is going away, no busy fraction rather than a wrong one
+            logger.debug("quiver: worker threads not counted: %s", exc)
+            threads = 0
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
         rows = state.rows()
         table, _ = build_table(compiled, rows, {}, snap.get("seconds", {}))
-        publisher.finish(rows, error=str(stop))
+        publisher.finish(rows, error=str(stop), timeout=_left(deadline))
         raise RunError(str(stop), table=table) from None
-    except BaseException as exc:  # the run stopped early: say so on the dashboard
-        publisher.finish([], error=f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # the run stopped early: say so on the dashboard (and re-raise)
+        publisher.finish([], error=f"{type(exc).__name__}: {exc}", timeout=_left(deadline))
         raise
     finally:
-        if "driver" in locals():  # first: a channel left open refuses the client's next run
-            driver.close_reports()
-        stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
-        if stop is not None:
-            stop()
-        watch.close()
-        if sampler is not None:  # graph/watchdog.py
-            sampler.stop()
-        if budgeted is not None:
-            budgeted.close()
-        bar.close()
-        if "driver" in locals():
-            driver.futures.clear()
-        try:
-            client.unregister_scheduler_plugin(monitor.name)
-        except Exception:  # the scheduler may be gone; nothing left to clean
-            pass
+        _clean_up(driver, watcher, watch, sampler, budgeted, bar, client, monitor.name if registered else None, prepared,
+                  deadline)
     table, kept = build_table(compiled, rows, values, snap.get("seconds", {}))
     if state.halving:
         table.attrs["rungs"] = state.rung_log()  # Result.rungs: every arrival at a rung, in order
@@ -430,12 +535,13 @@ def execute(
         "peak_worker_memory_bytes": snap.get("peak_worker_memory_bytes", 0),
         "wall_seconds": time.perf_counter() - start,
         "first_result_seconds": driver.first_result,
+        "lost_results": state.lost,
     }
-    stats["busy_fraction"] = _busy_fraction(driver, snap, client)
+    stats["busy_fraction"] = _busy_fraction(driver, snap, threads)
     if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
         stats.update(_iterative_stats(state, driver))
     stats.update(budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
-    stats.update(prepared.finish(client, executed))  # graph/transform.py: loads are not executions
+    stats.update(prepared.finish(executed))  # graph/transform.py: loads are not executions
     publisher.finish(rows, stats)  # final statuses for the dashboard
     if raise_if_all_failed and rows and all(r.status == "failed" for r in rows):
         first = rows[0]
@@ -453,3 +559,41 @@ def execute(
         compiled=compiled,
         memory_plan=budgeted.plan,
     )
+
+
+def _left(deadline: list[float]) -> float:
+    """Seconds left of the run's clean-up time (``CLEANUP_SECONDS`` from the first call)."""
+    if not deadline:
+        deadline.append(time.monotonic() + CLEANUP_SECONDS)
+    return max(0.0, deadline[0] - time.monotonic())
+
+
+def _clean_up(driver: ExplorationDriver, watcher: Any, watch: Any, sampler: Any, budgeted: Any, bar: Progress,
+              client: Client, monitor: str | None, prepared: Any, ends: list[float]) -> None:
+    """End a run on every path, waiting for the scheduler ``CLEANUP_SECONDS`` at most in all
+    (the failed run's last dashboard message included): a silent scheduler keeps what is left
+    (it is gone, or a later run's names differ)."""
+    _left(ends)
+    deadline = ends[0]
+    driver.close_reports(max(0.0, deadline - time.monotonic()))  # first: a channel left open refuses the client's next run
+    stop = getattr(watcher, "close", None) or getattr(watcher, "cancel", None)
+    if stop is not None:
+        stop()
+    if sampler is not None:  # graph/watchdog.py
+        sampler.stop()
+    bar.close()
+    driver.futures.clear()
+    steps: list = [(prepared.forget, (client,), "clearing the run-once markers")]  # graph/rerun.py: every path
+    if watch is not None:
+        steps.append((watch.close, (), "unsubscribing from training events"))
+    if budgeted is not None:
+        steps.append((budgeted.close, (), "removing the memory plan"))
+    if monitor is not None:
+        steps.append((client.unregister_scheduler_plugin, (monitor,), "removing the run's monitor"))
+    for fn, args, what in steps:
+        try:
+            within(deadline, fn, *args, what=what)
+        except NoAnswer as exc:
+            logger.info("quiver: %s", exc)
+        except Exception as exc:  # recorded: the scheduler may be gone; nothing left to clean there
+            logger.debug("quiver: %s failed: %s", what, exc)

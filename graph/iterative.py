@@ -50,6 +50,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Generator, Mapping
@@ -122,13 +123,10 @@ class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
     def __init__(self) -> None:
-        try:
-            from distributed import get_worker
+        from gpu.worker import current_task, current_worker
 
-            self.worker = get_worker()
-            self.key = self.worker.get_current_task()
-        except (ImportError, ValueError):
-            self.worker = self.key = None
+        self.worker = current_worker()
+        self.key = current_task() if self.worker is not None else None
         self.attempt = uuid.uuid4().hex[:12]
         self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
 
@@ -283,8 +281,20 @@ def _send_answers(client: Any, answers: queue.Queue, given: list) -> None:
             Variable(name, client=client).set(value)
             Event(name, client=client).set()
             given.append(name)
-        except Exception as exc:  # the cluster is going away: nothing waits any more
+        except Exception as exc:  # recorded: the cluster is going away, nothing waits any more
             logger.debug("quiver: cannot answer %s: %s", name, exc)
+
+
+def _delete_answers(client: Any, names: list) -> None:
+    """Delete the rung answers ``names`` (their variables and events) from the scheduler."""
+    from distributed import Event, Variable
+
+    for name in names:
+        try:
+            Variable(name, client=client).delete()
+            Event(name, client=client).clear()
+        except Exception as exc:  # recorded: the cluster is going away, nothing waits for them any more
+            logger.debug("quiver: cannot delete answer %s: %s", name, exc)
 
 
 #: client id -> its open ReportChannel (a client keeps one handler per event topic)
@@ -351,7 +361,7 @@ class ReportChannel:
         weakref.finalize(self, self._answers.put, None)  # a channel dropped unclosed ends its thread
         try:
             self.client.subscribe_topic(REPORT_TOPIC, _Forward(weakref.ref(self)))
-        except BaseException:
+        except BaseException:  # re-raised: the channel registered above is closed first
             self.close()
             raise
 
@@ -359,7 +369,8 @@ class ReportChannel:
         try:
             _, msg = event
             key, iteration = msg["key"], int(msg["iteration"])
-        except Exception:  # never let a malformed event break the client's event loop
+        except (TypeError, ValueError, KeyError) as exc:  # a malformed event: never break the client's event loop
+            logger.debug("quiver: malformed report %r: %s", event, exc)
             return
         if self.keys is not None and key not in self.keys:
             return
@@ -376,7 +387,7 @@ class ReportChannel:
             self.waiting[key] = iteration
         try:
             self.on_report(key, iteration, msg.get("report", {}))
-        except Exception:
+        except Exception:  # recorded: on the client's event loop, which must go on
             logger.exception("quiver: on_report failed for %s iteration %s", key, iteration)
 
     def resume(self, key: str, iteration: int | None = None) -> None:
@@ -396,28 +407,31 @@ class ReportChannel:
                 raise ValueError(f"ReportChannel: {key} has reported no rung yet; nothing waits for an answer")
         self._answers.put((gate_name(key, iteration), value))
 
-    def close(self) -> None:
-        """Stop listening, wait for the answers in flight, delete every answer given."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop listening, wait for the answers in flight, delete every answer given; waits
+        for the scheduler at most ``timeout`` s in all (a silent one keeps what is left)."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + timeout
         with _OPEN_LOCK:
             if _OPEN.get(self._client_id) is self:
                 del _OPEN[self._client_id]
         try:
             self.client.unsubscribe_topic(REPORT_TOPIC)
-        except Exception:
-            pass
+        except Exception as exc:  # recorded: a closed client (or one never subscribed) has nothing to unsubscribe
+            logger.debug("quiver: cannot unsubscribe from reports: %s", exc)
         self._answers.put(None)
-        self._sender.join()
-        from distributed import Event, Variable
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            logger.info("quiver: the scheduler did not take the rung answers within %s s; leaving them", timeout)
+            return
+        from .bounded import NoAnswer, within
 
-        for name in self._given:
-            try:
-                Variable(name, client=self.client).delete()
-                Event(name, client=self.client).clear()
-            except Exception:
-                pass
+        try:
+            within(deadline, _delete_answers, self.client, list(self._given), what="deleting rung answers")
+        except NoAnswer as exc:
+            logger.info("quiver: %s", exc)
 
     def __enter__(self) -> "ReportChannel":
         return self

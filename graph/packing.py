@@ -94,9 +94,11 @@ def _signature(task: Any) -> str | None:
             or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
         return None
     shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    from dask.tokenize import TokenizationError
+
     try:
         return step_key(found[0], shared, (task.args[0].key,))
-    except Exception:  # no deterministic token: not packed
+    except TokenizationError:  # no deterministic token: not packed
         return None
 
 

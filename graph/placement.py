@@ -25,6 +25,7 @@ installed for one run by :func:`install` and removed by :func:`remove`.  The dri
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,6 +33,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 __all__ = ["ReplicateShared", "install", "remove", "replica_targets", "shared_results"]
+
+logger = logging.getLogger(__name__)
 
 
 def shared_results(dependents: Mapping[str, Iterable[str]], min_consumers: int = 2) -> dict[str, int]:
@@ -97,7 +100,8 @@ class ReplicateShared(SchedulerPlugin):
         for addr in targets:
             try:
                 s.request_acquire_replicas(addr, [key], stimulus_id=stimulus)
-            except Exception:  # a worker leaving meanwhile: the copy was only a head start
+            except Exception as exc:  # recorded: a worker leaving meanwhile, the copy was only a head start
+                logger.debug("quiver: no replica of %s on %s: %s", key, addr, exc)
                 continue
         self.requested[key] = targets
 
@@ -120,7 +124,8 @@ def remove(client: Any, name: str | None) -> dict[str, list[str]]:
     try:
         requested = client.run_on_scheduler(_requested, name=name)
         client.unregister_scheduler_plugin(name)
-    except Exception:  # the scheduler may be gone: nothing left to clean
+    except Exception as exc:  # recorded: the scheduler may be gone, nothing left to clean
+        logger.debug("quiver: cannot read the replication plugin: %s", exc)
         return {}
     return requested
 

@@ -86,7 +86,7 @@ def check_picklable(graph: dict, where: str = "") -> None:
             seen.add(id(obj))
             try:
                 cloudpickle.dumps(obj)
-            except Exception as exc:
+            except Exception as exc:  # re-raised as a PipelineError naming the step: pickling may raise anything
                 raise PipelineError(
                     f"{where}step {step_name(str(key))!r} (key {key!r}): {what} "
                     f"({type(obj).__name__}) cannot be pickled to send it to the workers "

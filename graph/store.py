@@ -89,7 +89,7 @@ def load_stored(path: str, key: str) -> Any:
     try:
         with open(path, "rb") as f:
             return cloudpickle.load(f)
-    except Exception as exc:
+    except Exception as exc:  # re-raised as a StoreError naming the file: unpickling may raise anything
         raise StoreError(
             f"result store: cannot load {key!r} from {path} ({type(exc).__name__}: {exc}). "
             "Delete that file (or the store directory) and run again to recompute it."
@@ -100,7 +100,7 @@ def write_result(path: str, key: str, value: Any) -> bool:
     """Write ``value`` to ``path`` atomically; ``False`` (with a ``StoreWarning``) if it cannot be pickled or written."""
     try:
         blob = cloudpickle.dumps(value, protocol=5)
-    except Exception as exc:
+    except Exception as exc:  # recorded (a StoreWarning): pickling a user's value may raise anything
         warnings.warn(
             f"result store: not saving {key!r}: its value ({type(value).__name__}) cannot be pickled "
             f"({type(exc).__name__}: {exc}); it will be recomputed next time",

@@ -66,7 +66,7 @@ class SaveResult:
 class PreparedRun:
     """What :func:`prepare` made of a pipeline: the one to execute, the original's task
     counts (what the user's pipeline has, whatever the store spares), the keys loaded
-    from the store, the keys that will save, and the once-only keys (cleared by :meth:`finish`)."""
+    from the store, the keys that will save, and the once-only keys (cleared by :meth:`forget`)."""
 
     compiled: CompiledPipeline
     naive_tasks: int
@@ -77,16 +77,16 @@ class PreparedRun:
     once: tuple = ()
     run_id: str = ""
 
-    def finish(self, client: Any, executed: dict[str, int]) -> dict[str, Any]:
-        """Clean up after the run; return the stats entries to add or correct."""
+    def forget(self, client: Any) -> None:
+        """Clear the run's once-only markers from the scheduler (on every path a run ends by)."""
         if self.once:
             from distributed import Event
 
             for key in self.once:
-                try:
-                    Event(once_name(self.run_id, key), client=client).clear()
-                except Exception:  # the scheduler may be gone
-                    pass
+                Event(once_name(self.run_id, key), client=client).clear()
+
+    def finish(self, executed: dict[str, int]) -> dict[str, Any]:
+        """The stats entries to add or correct after the run."""
         if self.store is None:
             return {}
         step_keys = self.compiled.graph

@@ -22,16 +22,37 @@ True
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Observation", "Watchdog", "Sampler", "DEFAULT_STALL_TIMEOUT", "observe_scheduler"]
+__all__ = ["Observation", "Watchdog", "Sampler", "DEFAULT_STALL_TIMEOUT", "observe_scheduler", "stall_seconds"]
+
+logger = logging.getLogger(__name__)
 
 #: seconds without progress (with workers paused, none connected, tasks no worker can run,
 #: or the scheduler silent) after which a run is stopped
 DEFAULT_STALL_TIMEOUT = 60.0
+
+
+def stall_seconds(stall_timeout: float | None) -> float | None:
+    """The one meaning of a run's ``stall_timeout``: ``None`` is the default
+    (:data:`DEFAULT_STALL_TIMEOUT`), ``0`` turns the watchdog off (returns ``None``), a positive
+    number is the seconds; anything else is refused with a ``ValueError``.
+
+    >>> stall_seconds(None), stall_seconds(0), stall_seconds(5)
+    (60.0, None, 5.0)
+    """
+    if stall_timeout is None:
+        return DEFAULT_STALL_TIMEOUT
+    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or not stall_timeout >= 0:
+        raise ValueError(
+            f"stall_timeout must be seconds (a number >= 0; 0 turns the watchdog off, None is "
+            f"{DEFAULT_STALL_TIMEOUT:g} s), not {stall_timeout!r}"
+        )
+    return float(stall_timeout) if stall_timeout > 0 else None
 
 
 def _fmt(n: float) -> str:
@@ -229,13 +250,24 @@ class Sampler:
             answer = self._pending.result(timeout=max(self.interval, 0.5))
         except concurrent.futures.TimeoutError:
             return None
-        except Exception:  # the connection broke: the scheduler is not answering
+        except (OSError, concurrent.futures.CancelledError) as exc:  # recorded: the connection broke, no answer
+            logger.debug("quiver watchdog: the scheduler did not answer: %s", exc)
             self._pending = None
             return None
         self._pending = None
         return answer
 
     def _loop(self) -> None:
+        try:
+            self._watch()
+        except BaseException as exc:  # re-raised as the run's abort: a dead watchdog must not pass for a quiet run
+            self.verdict = (
+                f"the run's watchdog failed ({type(exc).__name__}: {exc}); the run is stopped rather than "
+                "left unwatched. Report this as a Quiver bug (stall_timeout=0 runs without the watchdog)."
+            )
+            self.on_abort(self.verdict)
+
+    def _watch(self) -> None:
         while not self._stop.wait(self.interval):
             info = self._ask()
             if self._stop.is_set():

@@ -46,7 +46,7 @@ def load_node(path: str, name: str = "output"):
     sys.path.insert(0, str(file.resolve().parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except Exception as exc:  # re-raised as one CLI line: the user's file may raise anything
         raise CLIError(f"{path} failed to load: {type(exc).__name__}: {exc}") from exc
     node = getattr(module, name, None)
     if node is None:
@@ -65,7 +65,7 @@ def _size(text: str) -> str | int:
         return text if text == "auto" else 0
     try:
         return parse_bytes(text)
-    except Exception:
+    except Exception:  # re-raised as argparse's error: any parse failure is "not a size"
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 2GiB, 500MB, auto)") from None
 
 

@@ -52,7 +52,7 @@ def _explores(result) -> list[str]:
     if compiled is not None:
         try:
             return list(compiled.explore_names)
-        except Exception:
+        except (AttributeError, TypeError):  # not a compiled pipeline: read the names off the table below
             pass
     table = result.table
     names = []
@@ -346,7 +346,7 @@ def write_report(result, path: str | Path, *, title: str | None = None) -> dict[
                 from graph.spec import pipeline_name
 
                 name = pipeline_name(compiled.output)
-            except Exception:
+            except (AttributeError, IndexError, TypeError):  # not a pipeline's spec: a title without a name
                 name = None
         title = f"Quiver report: {name}" if name else "Quiver report"
     metric = choose_metric(result)

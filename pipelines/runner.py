@@ -33,14 +33,12 @@ def run_node(
     from graph.executor import execute
     from graph.tracebacks import restore_table
 
-    from graph.watchdog import DEFAULT_STALL_TIMEOUT
+    from graph.watchdog import stall_seconds
 
-    if stall_timeout is None:
-        stall_timeout = DEFAULT_STALL_TIMEOUT
-    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout < 0:
-        raise graph.PipelineError(
-            f"stall_timeout must be seconds (a number >= 0; 0 turns the watchdog off), not {stall_timeout!r}"
-        )
+    try:  # one meaning (graph.watchdog.stall_seconds), refused before a cluster starts
+        stall_seconds(stall_timeout)
+    except ValueError as exc:
+        raise graph.PipelineError(str(exc)) from None
     if order not in ("depth-first", "dask"):
         raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
     if on_metric_error not in ("stop", "continue"):

@@ -58,7 +58,7 @@ def test_a_pruning_run_as_literal_events_and_instructions():
     c = pipeline([A, B, C])
     ka, kb, kc = (b.key for b in c.chooses[0].inputs)
     ma, mb, mc = c.chooses[0].metric_keys
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     assert kinds(s.handle(Start())) == ["Submit"]
     # rungs at 1, 2, 4 (factor 2): keep the top max(1, n // 2) of the n there so far
     assert s.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]  # first there
@@ -88,7 +88,7 @@ def test_a_pruning_run_as_literal_events_and_instructions():
 def test_a_recomputed_step_replaying_a_rung_under_its_new_name_gets_the_same_answer():
     c = pipeline([A, B])
     ka, kb = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(Report(kb, 1, {"score": 0.5}))
     assert s.handle(Report(kb, 2, {"score": 0.6})) == [Answer(kb, 2, "continue")]
@@ -103,7 +103,7 @@ def test_a_recomputed_step_replaying_a_rung_under_its_new_name_gets_the_same_ans
 def test_a_failing_branch_never_blocks_a_rung_and_the_choose_decides_among_the_finished():
     c = pipeline([A, B, C])
     ka, kb, kc = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     assert s.handle(Report(ka, 1, {"score": 0.1})) == [Answer(ka, 1, "continue")]
     s.handle(TaskFailed(ka, "RuntimeError: boom"))  # a failure after its first rung: its arrival stays counted
@@ -126,7 +126,7 @@ def test_per_groups_are_halved_separately_and_k_keeps_among_the_finished():
     keys = [b.key for b in c.chooses[0].inputs]
     groups = [c.chooses[0].group_of(i) for i in range(6)]
     assert groups[0] == groups[2] != groups[3] == groups[5]
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     # group x: b, then a, then c at rung 1 (top max(1, n // 3)); group y: a first, alone there
     assert s.handle(Report(keys[1], 1, {"score": 0.5}))[-1] == Answer(keys[1], 1, "continue")
@@ -153,7 +153,7 @@ def test_per_groups_are_halved_separately_and_k_keeps_among_the_finished():
 def test_a_report_without_the_metric_warns_once_and_never_continues():
     c = pipeline([A, B, C])
     ka, kb, kc = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     first = s.handle(Report(ka, 1, {"acc": 0.9}))
     assert kinds(first) == ["Warn", "Cancel", "Answer"] and first[2] == Answer(ka, 1, "stop")  # NaN never continues
@@ -166,12 +166,12 @@ def test_reports_without_a_pruning_choose_are_history_only_and_the_table_counts_
     node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"])).choose("score")
     c = node.compile()
     ka, kb = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     assert s.handle(Report(ka, 1, {"score": 0.1}), Report(ka, 2, {"score": 0.2})) == []
     assert [r.iterations for r in s.rows()] == [2, 0]
     plain = Pipeline("p").source(ps.data).explore("c", grid(ps.plain, spec=[A, B])).choose("score").compile()
-    s = ExplorationState(plain, publish=False)
+    s = ExplorationState(plain)
     s.handle(Start())
     assert s.handle(Report(plain.branches[0].key, 1, {"score": 1.0})) == []  # not this run's iterative step
     assert [r.iterations for r in s.rows()] == [None, None]  # no iterative step: no column
@@ -200,7 +200,7 @@ def test_random_report_orders_get_the_answers_of_the_rule(curves, factor, seed):
     specs = [(f"b{i}", tuple(float(v) for v in cv)) for i, cv in enumerate(curves)]
     c = pipeline(specs, prune=halving(factor=factor))
     keys = [b.key for b in c.chooses[0].inputs]
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     made = [0] * len(specs)
     stopped = [False] * len(specs)
@@ -276,7 +276,7 @@ def test_steps_after_a_pruning_choose_run_for_the_kept_branch_only():
     node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
     c = node.choose("score", prune=halving(factor=2)).then(ps.tag, g="z").compile()
     ka, kb = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     first = s.handle(Start())
     assert all(k not in first[0].tasks for k in (c.branches[0].key, c.branches[1].key))  # behind the choose
     s.handle(Report(kb, 1, {"score": 0.5}))
@@ -298,7 +298,7 @@ def test_a_pruned_step_counts_every_branch_it_ends_in_the_progress_line_and_stat
     node = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"]))
     c = node.choose("score", prune=halving(factor=2)).explore("e", grid(ps.tag, g=["y", "z"])).compile()
     ka, kb = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(Report(kb, 1, {"score": 0.5}))
     assert s.handle(Report(ka, 1, {"score": 0.1}))[-1] == Answer(ka, 1, "stop")
@@ -318,7 +318,7 @@ def test_the_history_is_not_copied_by_every_operation_on_the_table():
 
     c = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"])).choose("score").compile()
     ka, _ = (b.key for b in c.chooses[0].inputs)
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(*(Report(ka, i, {"score": 0.1 * i}) for i in range(1, 4)))
     table, _ = build_table(c, s.rows(), {}, {})
@@ -338,7 +338,7 @@ def test_a_report_from_an_execution_the_run_did_not_start_is_still_answered_at_i
     c = pipeline([A, B, C])
     ka, kb, kc = (b.key for b in c.chooses[0].inputs)
     ma, mb, mc = c.chooses[0].metric_keys
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     assert s.handle(Report(ka + "~again9", 2, {"score": 0.9})) == []  # not submitted by this run: not its step
     assert s.handle(Report(ka, 2, {"score": 0.3})) == [Answer(ka, 2, "continue")]  # first at rung 2

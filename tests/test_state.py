@@ -18,19 +18,18 @@ from graph.state import (
     ExplorationState,
     Fail,
     Finished,
-    Publish,
     FirstResult,
     Gather,
     MemoryPlanned,
     MetricRead,
-    Recompute,
     Release,
     Start,
-    Stop,
     Submit,
     TaskFailed,
     TaskFinished,
+    TaskLost,
     Warn,
+    Watch,
     priority,
     run_order,
     run_targets,
@@ -63,16 +62,15 @@ def test_a_run_from_start_to_finish_as_literal_events_and_instructions(simple):
     s = ExplorationState(c)
 
     out = s.handle(Start())
-    assert out == [
-        Submit(out[0].tasks, out[0].priority),
-        Publish(((0, "running", {}, None), (1, "running", {}, None))),
-    ]
+    assert out == [Submit(out[0].tasks, out[0].priority)]
+    assert s.changes() == ((0, "running", {}, None), (1, "running", {}, None))
     assert set(out[0].tasks) == {src, add1, add2, m1, m2}  # everything up to the choose, nothing behind it
     assert out[0].priority[m1] > out[0].priority[m2]  # depth-first in declaration order
     assert s.handle(TaskFinished(src)) == []
     assert s.handle(TaskFinished(add1)) == []
     assert s.handle(TaskFinished(m1)) == [Gather((m1,))]
-    assert s.handle(MetricRead(m1, 2.0)) == [FirstResult(), Release((m1,)), Publish(((0, "done", {"x": 2.0}, None),))]
+    assert s.handle(MetricRead(m1, 2.0)) == [FirstResult(), Release((m1,))]
+    assert s.changes() == ((0, "done", {"x": 2.0}, None),)
     assert s.handle(TaskFinished(add2)) == [Release((src,))]  # nothing else reads the source
     assert s.handle(TaskFinished(m2)) == [Gather((m2,))]
     out = s.handle(MetricRead(m2, 3.0))
@@ -81,9 +79,10 @@ def test_a_run_from_start_to_finish_as_literal_events_and_instructions(simple):
         ChooseDecided(0, None, (1,), (0,), ()),
         Submit({mul2: c.graph[mul2]}, out[1].priority),
         Release(tuple(sorted((add1, m2)))),
-        Publish(((0, "pruned", {"x": 2.0}, None), (1, "running", {"x": 3.0}, None))),
     ]
-    assert s.handle(TaskFinished(mul2)) == [Release((add2,)), Publish(((1, "chosen", {"x": 3.0}, None),)), Finished()]
+    assert s.changes() == ((0, "pruned", {"x": 2.0}, None), (1, "running", {"x": 3.0}, None))
+    assert s.handle(TaskFinished(mul2)) == [Release((add2,)), Finished()]
+    assert s.changes() == ((1, "chosen", {"x": 3.0}, None),)
     assert s.result_names() == {1: mul2}
     rows = s.rows()
     assert [r.status for r in rows] == ["pruned", "ok"] and [r.chosen for r in rows] == [False, True]
@@ -93,7 +92,7 @@ def test_a_run_from_start_to_finish_as_literal_events_and_instructions(simple):
 def test_a_failing_step_fails_its_branch_with_the_failing_step(simple):
     c = simple
     add1 = c.chooses[0].inputs[0].key
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(c.chooses[0].inputs[0].lineage[0]))
     s.handle(TaskFailed(add1, "ValueError: bad", "Traceback ..."))
@@ -107,7 +106,7 @@ def test_the_same_metric_mistake_twice_stops_the_run_by_default(simple):
     src, add1, add2 = c.chooses[0].inputs[0].lineage[0], c.chooses[0].inputs[0].key, c.chooses[0].inputs[1].key
     m1, m2 = c.chooses[0].metric_keys
     err = "KeyError: \"choose('x'): the step's output has no key 'x' (keys: ['y'])\""
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(src), TaskFinished(add1), TaskFinished(add2))
     assert s.handle(TaskFailed(m1, err)) == [Release((m1,))]  # one failure is the branch's own business
@@ -126,7 +125,7 @@ def test_the_same_metric_mistake_only_warns_with_continue(simple):
     src, add1, add2 = c.chooses[0].inputs[0].lineage[0], c.chooses[0].inputs[0].key, c.chooses[0].inputs[1].key
     m1, m2 = c.chooses[0].metric_keys
     err = "TypeError: choose('x'): metric 'x' must be a real number, got str 'abc'"
-    s = ExplorationState(c, publish=False, on_metric_error="continue")
+    s = ExplorationState(c, on_metric_error="continue")
     s.handle(Start())
     s.handle(TaskFinished(src), TaskFinished(add1), TaskFinished(add2), TaskFailed(m1, err))
     out = s.handle(TaskFailed(m2, err.replace("'abc'", "'def'")))  # the same cause, another value
@@ -138,7 +137,7 @@ def test_different_metric_mistakes_do_not_stop_the_run(simple):
     c = simple
     src, add1, add2 = c.chooses[0].inputs[0].lineage[0], c.chooses[0].inputs[0].key, c.chooses[0].inputs[1].key
     m1, m2 = c.chooses[0].metric_keys
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(src), TaskFinished(add1), TaskFinished(add2))
     s.handle(TaskFailed(m1, "TypeError: choose('x'): metric 'x' must be a real number, got str 'a'"))
@@ -150,7 +149,7 @@ def test_different_metric_mistakes_do_not_stop_the_run(simple):
 def test_an_upstream_failure_is_not_a_metric_mistake(simple):
     c = simple
     src = c.chooses[0].inputs[0].lineage[0]
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(src))
     out = s.handle(*(TaskFailed(b.key, "ValueError: no") for b in c.chooses[0].inputs))
@@ -160,7 +159,7 @@ def test_an_upstream_failure_is_not_a_metric_mistake(simple):
 def test_abort_cancels_what_runs_and_fails_the_run(simple):
     c = simple
     src = c.chooses[0].inputs[0].lineage[0]
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(src))
     out = s.handle(Abort("the watchdog saw no progress for 60 s"))
@@ -175,7 +174,7 @@ def test_a_released_result_needed_again_is_recomputed_under_a_new_name(simple):
     src = c.chooses[0].inputs[0].lineage[0]
     add1, add2 = c.chooses[0].inputs[0].key, c.chooses[0].inputs[1].key
     m1, m2 = c.chooses[0].metric_keys
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     s.handle(Start())
     s.handle(TaskFinished(src), TaskFinished(add1), TaskFinished(add2), TaskFinished(m1), TaskFinished(m2))
     # the memory plan drops the choose inputs: released now, recomputed for the branch kept
@@ -183,22 +182,33 @@ def test_a_released_result_needed_again_is_recomputed_under_a_new_name(simple):
     assert out == [Release(tuple(sorted((add1, add2))))]  # their metric tasks are done: nothing reads them now
     s.handle(MetricRead(m1, 1.0))
     out = s.handle(MetricRead(m2, 5.0))
-    recompute = only(out, Recompute)
-    # the kept branch's input and, released meanwhile, the source it needs
-    assert recompute == [Recompute(add2, f"{add2}~again1"), Recompute(src, f"{src}~again2")]
     submit = only(out, Submit)[0]
+    # the kept branch's input and, released meanwhile, the source it needs, under new names
     assert set(submit.tasks) == {f"{add2}~again1", f"{src}~again2", c.branches[1].key}
     assert submit.tasks[c.branches[1].key].dependencies == {f"{add2}~again1"}
     assert submit.tasks[f"{add2}~again1"].dependencies == {f"{src}~again2"}
     assert original_key(f"{add2}~again1") == add2
 
 
-def test_stop_prunes_the_branches_that_need_the_step(simple):
+def test_a_result_lost_before_its_outcome_was_taken_is_watched_again(simple):
+    """The driver records a future's status when its done-callback fires; a result already
+    lost with its worker then (``lost``, or ``pending`` again) is a ``TaskLost``: Dask computes
+    it again (the run holds it), so the machine asks to watch it again, once per loss, and its
+    later ``TaskFinished`` goes on as usual. Late or stale losses are ignored."""
     c = simple
-    s = ExplorationState(c, publish=False)
+    src = c.chooses[0].inputs[0].lineage[0]
+    add1 = c.chooses[0].inputs[0].key
+    s = ExplorationState(c)
     s.handle(Start())
-    out = s.handle(Stop(c.chooses[0].inputs[0].key, "halving"))
-    assert only(out, Cancel) and c.chooses[0].inputs[0].key in only(out, Cancel)[0].names
+    assert s.handle(TaskLost(src)) == [Watch((src,))]
+    assert s.lost == 1 and src not in s.finished
+    assert s.handle(TaskFinished(src)) == []
+    assert s.handle(TaskLost(src)) == []  # finished already: a later loss is Dask's to recompute
+    assert s.handle(TaskLost("not-submitted")) == []
+    m1 = c.chooses[0].metric_keys[0]
+    assert s.handle(TaskLost(add1), TaskLost(m1)) == [Watch((add1,)), Watch((m1,))]  # lost again, recomputing
+    assert s.lost == 3
+    assert s.handle(TaskFinished(add1), TaskFinished(m1)) == [Gather((m1,))]
 
 
 def test_branch_status_rule_pruned_vs_ok_at_the_choose_that_dropped_it():
@@ -206,7 +216,7 @@ def test_branch_status_rule_pruned_vs_ok_at_the_choose_that_dropped_it():
     branch computed them); a branch that ends at the choose that dropped it is ok."""
     p = Pipeline("p").source(steps.source).explore("a", grid(steps.add, n=[1, 2]))
     ends = p.choose("x").compile()
-    s = ExplorationState(ends, publish=False)
+    s = ExplorationState(ends)
     src = ends.chooses[0].inputs[0].lineage[0]
     s.handle(Start())
     s.handle(*(TaskFinished(k) for k in [src] + [b.key for b in ends.chooses[0].inputs] + ends.chooses[0].metric_keys))
@@ -242,7 +252,7 @@ def test_the_executor_priorities_and_the_memory_plan_order_come_from_one_order()
     seen = [pos[t.key] for t in order if t.key in pos]
     assert seen == sorted(seen)
     # and the state machine submits with exactly these priorities
-    s = ExplorationState(c, publish=False)
+    s = ExplorationState(c)
     submit = s.handle(Start())[0]
     for t in targets:
         if t.stage == 0:
@@ -286,7 +296,6 @@ def test_random_event_orders_keep_the_invariants(shape, seed, fail_rate, drop):
     pending: list[str] = []  # submitted, not yet finished or failed
     done: set[str] = set()
     submitted: list[str] = []
-    recomputed: set[str] = set()
     released_keys: set[str] = set()
     finished = False
 
@@ -299,14 +308,14 @@ def test_random_event_orders_keep_the_invariants(shape, seed, fail_rate, drop):
                 for name, task in ins.tasks.items():
                     assert name not in submitted, f"{name} submitted twice"
                     key = original_key(name)
-                    if name != key:
-                        assert name in recomputed and key in released_keys, name
+                    if name != key:  # a recompute copy: only of a key let go
+                        assert key in released_keys, name
                     submitted.append(name)
                     held[name] = task
                     pending.append(name)
                     assert set(ins.priority) >= {name}
-            elif isinstance(ins, Recompute):
-                recomputed.add(ins.name)
+            elif isinstance(ins, Watch):
+                raise AssertionError(f"Watch without a TaskLost: {ins}")
             elif isinstance(ins, Gather):
                 reads = []
                 for name in ins.names:
@@ -383,7 +392,7 @@ def test_cost_per_event_does_not_grow_with_the_branches():
 
     def touched(n):
         c = Pipeline("w").source(steps.source).explore("a", grid(steps.add, n=list(range(n)))).choose("x").compile()
-        s = ExplorationState(c, publish=False)
+        s = ExplorationState(c)
         s.handle(Start())
         s.handle(TaskFinished(c.chooses[0].inputs[0].lineage[0]))
         s.changes()  # what the start touched (every branch: it submitted them all)
@@ -397,9 +406,9 @@ def test_cost_per_event_does_not_grow_with_the_branches():
 
         machine.ExplorationState.status = counting
         try:
-            s.publish = True
             k = c.chooses[0].inputs[n // 2].key
             s.handle(TaskFinished(k), TaskFinished(c.chooses[0].metric_keys[n // 2]))
+            s.changes()  # what the publisher pulls when due
         finally:
             machine.ExplorationState.status = original
         return calls

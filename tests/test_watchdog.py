@@ -163,3 +163,52 @@ def test_the_same_report_count_is_no_progress():
     w = Watchdog(stall_timeout=10)
     out = feed(w, *[Observation(t=t, paused=1, progress=1, reports=5) for t in (0, 5, 10)])
     assert out[:2] == [None, None] and "paused by memory" in out[2]
+
+
+def test_an_error_in_the_watchdog_thread_stops_the_run_with_that_error(client):
+    """The sampler's thread used to die silently (e.g. "dictionary changed size during
+    iteration" reading the machine's live dicts), leaving the run unwatched. Any error there
+    now aborts the run, naming it."""
+    from graph.watchdog import Sampler
+
+    got = []
+
+    def broken():
+        raise RuntimeError("dictionary changed size during iteration")
+
+    s = Sampler(client, got.append, stall_timeout=5, progress=broken, interval=0.1).start()
+    try:
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        s.stop()
+    assert len(got) == 1 and "\n" not in got[0]
+    assert got[0].startswith("the run's watchdog failed (RuntimeError: dictionary changed size during iteration)")
+
+
+def test_stall_timeout_has_one_meaning_in_execute_and_run(client):
+    """``None`` is the default (60 s) and 0 turns the watchdog off, in ``execute()`` as in
+    ``run()`` (it used to mean "off" in one and "60 s" in the other)."""
+    import threading
+
+    import graph
+    from graph.executor import execute
+    from graph.watchdog import DEFAULT_STALL_TIMEOUT, stall_seconds
+    from tests import steps
+
+    assert stall_seconds(None) == DEFAULT_STALL_TIMEOUT and stall_seconds(0) is None and stall_seconds(2) == 2.0
+    for bad in (-1, True, "10", float("nan")):
+        with pytest.raises(ValueError, match="stall_timeout must be seconds"):
+            stall_seconds(bad)
+    with pytest.raises(graph.PipelineError, match="stall_timeout must be seconds"):
+        Pipeline("p").source(steps.source).run(client, progress=False, stall_timeout=-1)
+    compiled = Pipeline("p").source(steps.source).compile()
+    watched = []
+
+    def note(driver):
+        watched.append(any(t.name == "quiver-watchdog" and t.is_alive() for t in threading.enumerate()))
+
+    execute(compiled, client, progress=False, on_driver=note)
+    execute(compiled, client, progress=False, on_driver=note, stall_timeout=0)
+    assert watched == [True, False]

@@ -116,7 +116,7 @@ class QuiverDashboard(SchedulerPlugin):
         self.scheduler = scheduler
         try:
             install_pages(scheduler)
-        except Exception:  # a scheduler without a dashboard still keeps the state (and the JSON)
+        except Exception:  # recorded: a scheduler without a dashboard still keeps the state (and the JSON)
             logger.info("quiver: could not add the dashboard pages", exc_info=True)
 
     # ---- events ------------------------------------------------------------------------------
@@ -413,7 +413,7 @@ def ensure_dashboard(client) -> bool:
     try:
         client.register_plugin(QuiverDashboard())
         return True
-    except Exception as exc:
+    except Exception as exc:  # recorded: the pages are a view, a run goes on without them
         logger.info("quiver: dashboard plugin not registered: %s", exc)
         return False
 

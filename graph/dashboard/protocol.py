@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import queue
+import threading
 import time
 from typing import Any
 
@@ -76,6 +78,7 @@ EXPLORATION_TOPIC = "quiver-exploration"
 TRAINING_TOPIC = "quiver-training"  # gpu/training.py publishes under the same name (gpu cannot import graph)
 STATUSES = ("waiting", "running", "done", "failed", "pruned", "cancelled", "chosen")
 MAX_PUBLISHED_BRANCHES = 10000  # past this, a run publishes its summary only (events stay small)
+MAX_QUEUED = 8  # messages waiting for the sender thread; past this, updates are dropped
 
 
 def jsonable(value: Any, depth: int = 0) -> Any:
@@ -113,7 +116,7 @@ def _pipeline_name(spec: Any) -> str:
 
     try:
         return pipeline_name(spec)
-    except Exception:
+    except (AttributeError, IndexError, TypeError):  # not a pipeline's spec (a test's stand-in): a generic name
         return "pipeline"
 
 
@@ -134,7 +137,13 @@ def _branch_info(i: int, branch: Any) -> dict:
 
 
 class ExplorationPublisher:
-    """Publishes one run's branch states on ``quiver-exploration`` (never raises into the run).
+    """Publishes one run's branch states on ``quiver-exploration`` (never raises into the run,
+    never blocks it).
+
+    ``Client.log_event`` waits for the scheduler's answer, with no timeout: the messages go
+    through a queue to a sender thread of their own.  While the queue is full (the scheduler
+    is slow or silent) changed branches wait in the next update, and a message that still
+    finds it full is dropped (``dropped`` counts them) rather than make the run wait.  :meth:`finish` waits at most ``timeout`` seconds for the last message.
 
     >>> pub = ExplorationPublisher(None, "run-1", None)   # no client: publishes nothing
     >>> pub.enabled
@@ -172,15 +181,54 @@ class ExplorationPublisher:
         self._curve_sent: dict[int, int] = {}  # branch -> report-curve points already sent
         self._tasks_done = 0
         self._last = 0.0
+        self.dropped = 0  # messages not sent because the queue was full
+        self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
+        self._sender: threading.Thread | None = None
 
-    def _send(self, msg: dict) -> None:
+    def _send(self, msg: dict, last: bool = False) -> None:
+        """Queue ``msg`` for the sender thread; drop it when the queue is full (never wait).
+        ``last``: the end message, for which a queued update is dropped to make room."""
         if not self.enabled:
             return
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._deliver, name="quiver-publisher", daemon=True)
+            self._sender.start()
+        if last and self._queue.full():
+            try:
+                self._queue.get_nowait()
+                self.dropped += 1
+            except queue.Empty:  # the sender took one meanwhile: there is room
+                pass
         try:
-            self.client.log_event(EXPLORATION_TOPIC, msg)
-        except Exception as exc:  # the dashboard is a view: a run never fails because of it
-            logger.debug("quiver: cannot publish exploration event: %s", exc)
-            self.enabled = False
+            self._queue.put_nowait(msg)
+        except queue.Full:
+            self.dropped += 1
+
+    def _deliver(self) -> None:
+        """The sender thread: one ``log_event`` at a time, until ``None``."""
+        while True:
+            msg = self._queue.get()
+            if msg is None:
+                return
+            try:
+                self.client.log_event(EXPLORATION_TOPIC, msg)
+            except Exception as exc:  # recorded: the dashboard is a view, a run never fails because of it
+                logger.debug("quiver: cannot publish exploration event: %s", exc)
+                self.enabled = False
+                return
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop the sender thread once what is queued is sent, waiting at most ``timeout`` s;
+        returns whether everything queued was sent."""
+        if self._sender is None:
+            return True
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:  # the sender is stuck on a silent scheduler
+            return False
+        self._sender.join(max(0.0, deadline - time.monotonic()))
+        return not self._sender.is_alive()
 
     def start(self) -> None:
         c = self.compiled
@@ -234,6 +282,8 @@ class ExplorationPublisher:
         now = self.clock()
         if not self._pending or (not force and now - self._last < self._gap):
             return
+        if self._queue.full():  # the sender is behind (a slow or silent scheduler): keep them for a later update
+            return
         changed, self._pending = list(self._pending.values()), {}
         for entry in changed:
             if "curve" in entry:
@@ -250,8 +300,9 @@ class ExplorationPublisher:
             entry["curve"], entry["curve_at"] = jsonable(list(curve[sent:])), sent
             self._curve_sent[entry["id"]] = len(curve)
 
-    def finish(self, rows: list, stats: dict | None = None, error: str | None = None) -> None:
-        """Send every branch's final status (``rows``: the executor's ``RowState`` list)."""
+    def finish(self, rows: list, stats: dict | None = None, error: str | None = None, timeout: float = 10.0) -> None:
+        """Send every branch's final status (``rows``: the executor's ``RowState`` list) and
+        close the sender, waiting at most ``timeout`` s (queued updates make room for it)."""
         branches = []
         for i, r in enumerate(rows if self.detailed else ()):
             metrics = {
@@ -276,8 +327,10 @@ class ExplorationPublisher:
                 "branches": branches,
                 "stats": jsonable(stats or {}),
                 "error": error,
-            }
+            },
+            last=True,
         )
+        self.close(timeout)
 
 
 class TrainingWatch:
@@ -304,7 +357,7 @@ class TrainingWatch:
             try:
                 client.subscribe_topic(TRAINING_TOPIC, self.on_event)
                 self.subscribed = True
-            except Exception as exc:
+            except Exception as exc:  # recorded: the terminal line is a view, the run goes on without it
                 logger.debug("quiver: cannot subscribe to training events: %s", exc)
 
     def on_event(self, event: Any) -> None:
@@ -325,13 +378,13 @@ class TrainingWatch:
             elif msg.get("kind") == "tuning" and msg.get("tuning"):
                 k, rate = msg["tuning"][-1]
                 self.progress.extra = f"train tuning: {k} replicas/worker {rate:,.0f} samples/s"
-        except Exception:  # never let a malformed event break the client's event loop
-            pass
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a malformed event: never break the event loop
+            logger.debug("quiver: malformed training event %r: %s", event, exc)
 
     def close(self) -> None:
         if self.subscribed:
             try:
                 self.client.unsubscribe_topic(TRAINING_TOPIC)
-            except Exception:
-                pass
+            except Exception as exc:  # recorded: a closed client has nothing to unsubscribe
+                logger.debug("quiver: cannot unsubscribe from training events: %s", exc)
             self.subscribed = False

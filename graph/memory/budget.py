@@ -14,6 +14,7 @@ larger than a worker's share of the budget.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 
 __all__ = ["BudgetedRun", "worker_limits", "measure_baseline", "settled", "spill_counters", "step_libraries"]
+
+logger = logging.getLogger(__name__)
 
 
 def worker_limits(budget: Any, workers: int) -> int:
@@ -102,8 +105,8 @@ def _import_modules(modules: list) -> list:
         try:
             importlib.import_module(m)
             done.append(m)
-        except Exception:  # a module only the client has, or a relative import: not ours to fix here
-            pass
+        except Exception as exc:  # recorded: a module only the client has, or a relative import: not ours to fix here
+            logger.debug("quiver: %s not imported on the worker: %s", m, exc)
     return done
 
 
@@ -123,7 +126,7 @@ def measure_baseline(
     if modules:
         try:
             client.run(_import_modules, list(modules))
-        except Exception as exc:  # a worker died loading them: most often its nanny, for memory
+        except Exception as exc:  # re-raised below as the run's error: a worker died loading them (its nanny, for memory)
             limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
             limit = f" (memory limit {format_bytes(min(limits))} each)" if limits and min(limits) else ""
             libs = ", ".join(sorted({m.split(".")[0] for m in modules}))
@@ -196,9 +199,10 @@ def measure_disk_bandwidth(client: Any) -> float:
     """The slowest worker's spill throughput (bytes/s), measured once per run."""
     try:
         speeds = client.run(_disk_speed)
-    except Exception:  # no numpy or no local directory: fall back to the planner's default
+    except Exception as exc:  # recorded: no numpy or no local directory, the planner's default instead
         from .plan import DEFAULT_DISK_BANDWIDTH
 
+        logger.debug("quiver: disk bandwidth not measured: %s", exc)
         return DEFAULT_DISK_BANDWIDTH
     return float(min(speeds.values()))
 
@@ -207,7 +211,8 @@ def spill_counters(client: Any) -> dict[str, dict[str, float]]:
     """Every worker's cumulative spill counters."""
     try:
         return client.run(spill_metrics)
-    except Exception:  # a worker went away mid-call: report what the others say next time
+    except Exception as exc:  # recorded: a worker went away mid-call, the others report next time
+        logger.debug("quiver: spill counters not read: %s", exc)
         return {}
 
 
@@ -342,20 +347,20 @@ class BudgetedRun:
                 self.client.run(
                     update_plan_on_worker, name=self.plugin_name, uses=plan.next_uses(), positions=plan.positions()
                 )
-            except Exception:  # a worker went away: the others still got it
-                pass
+            except Exception as exc:  # recorded: a worker went away, the others still got it
+                logger.debug("quiver: re-plan not sent to every worker: %s", exc)
         return self._droppable(plan)
 
     def close(self) -> None:
         try:
             self.client.unsubscribe_topic(self.topic)
-        except Exception:
-            pass
+        except Exception as exc:  # recorded: a closed client has nothing to unsubscribe
+            logger.debug("quiver: cannot unsubscribe from %s: %s", self.topic, exc)
         if self.plugin_name is not None:
             try:
                 self.client.unregister_worker_plugin(self.plugin_name)
-            except Exception:  # workers may be gone; nothing to restore there
-                pass
+            except Exception as exc:  # recorded: workers may be gone, nothing to restore there
+                logger.debug("quiver: memory plugin not removed: %s", exc)
 
     def stats(self, snap: dict, compiled: Any) -> dict[str, Any]:
         after = spill_counters(self.client)

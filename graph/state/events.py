@@ -1,9 +1,10 @@
 """What goes into the exploration state machine (events) and what comes out (instructions).
 
-Events are facts the driver observed (a task finished, a metric was read, a worker was
-lost, someone asked to abort); instructions are what the machine decided the driver must
-do (submit these tasks, read these metrics, release or cancel these results, show this,
-stop). Both are small frozen values, so a test writes them literally::
+Events are facts the driver observed (a task finished, a metric was read, a result was
+lost with its worker, someone asked to abort); instructions are what the machine decided
+the driver must do (submit these tasks, read these metrics, release or cancel these
+results, wait for these again, show this, stop).  Every one is produced and acted on in
+production (``graph.executor``). Both are small frozen values, so a test writes them literally::
 
     >>> TaskFinished("load-1"), Release(("load-1",))
     (TaskFinished(name='load-1'), Release(names=('load-1',)))
@@ -24,11 +25,10 @@ __all__ = [
     "MetricRead",
     "Report",
     "Start",
-    "Stop",
     "TaskCancelled",
     "TaskFailed",
     "TaskFinished",
-    "WorkerLost",
+    "TaskLost",
     # instructions
     "Answer",
     "Cancel",
@@ -37,11 +37,10 @@ __all__ = [
     "Finished",
     "FirstResult",
     "Gather",
-    "Publish",
-    "Recompute",
     "Release",
     "Submit",
     "Warn",
+    "Watch",
 ]
 
 
@@ -87,12 +86,12 @@ class MetricRead:
 
 
 @dataclass(frozen=True)
-class WorkerLost:
-    """A worker left; ``names``: results of the run it held. Dask recomputes the ones the run
-    still holds (they come back as :class:`TaskFinished`); the machine stops counting them as done."""
+class TaskLost:
+    """The result submitted under ``name`` was lost with its worker before the driver took its
+    outcome (the future's status was ``lost`` or ``pending`` again when its done-callback
+    fired): Dask computes it again, since the run holds it; the machine asks to :class:`Watch` it."""
 
-    worker: str
-    names: tuple[str, ...] = ()
+    name: str
 
 
 @dataclass(frozen=True)
@@ -118,14 +117,6 @@ class Report:
     values: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class Stop:
-    """Stop the step ``name`` (e.g. a pruning choose): branches that need it end ``pruned``."""
-
-    name: str
-    reason: str = ""
-
-
 # ---- instructions (machine -> driver) ------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
@@ -133,14 +124,6 @@ class Submit:
 
     tasks: Mapping[str, Any]
     priority: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class Recompute:
-    """``key`` was released and is needed again: it is in this batch's :class:`Submit` as ``name``."""
-
-    key: str
-    name: str
 
 
 @dataclass(frozen=True)
@@ -191,11 +174,11 @@ class FirstResult:
 
 
 @dataclass(frozen=True)
-class Publish:
-    """Branches whose live status, metrics or error changed: ``(id, status, metrics, error)`` rows
-    (a run with iterative steps adds ``iterations, pruned_at, curve``: ``ExplorationState.changes``)."""
+class Watch:
+    """Wait again for these held results (Dask computes them again after a :class:`TaskLost`):
+    the driver registers a new done-callback on each."""
 
-    branches: tuple[tuple, ...]
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)

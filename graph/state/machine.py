@@ -48,18 +48,16 @@ from .events import (
     Gather,
     MemoryPlanned,
     MetricRead,
-    Publish,
-    Recompute,
     Release,
     Report,
     Start,
-    Stop,
     Submit,
     TaskCancelled,
     TaskFailed,
     TaskFinished,
+    TaskLost,
     Warn,
-    WorkerLost,
+    Watch,
 )
 from .order import Target, priority, run_targets
 
@@ -81,7 +79,7 @@ class _Tip:
         self.keys = t.keys  # every task it needs (computed once)
         self.state = WAITING
         self.dead = False
-        self.stopped = False  # a Stop event ended it (status pruned)
+        self.stopped = False  # a pruning choose stopped its step (status pruned)
         self.metric: float | None = None
         self.scalars: dict | None = None
         self.error: str | None = None
@@ -104,7 +102,7 @@ def branch_status(failed: bool, decisions: list, ends_at_drop: bool, done: bool,
     Final statuses (the table's): ``failed`` (a step or metric read of it failed),
     ``cancelled`` (a first-k-above-threshold choose cancelled it, or the run was stopped
     before it resolved), ``pruned`` (a choose dropped it before its remaining steps ran,
-    even if a store or another branch computed them; or a Stop ended it), ``ok``
+    even if a store or another branch computed them; or a pruning choose stopped it), ``ok``
     (everything ran: its value, or its metric at the choose that dropped it, is in).
     Before that: ``running`` (some task of it is submitted), ``done`` (its metric is in,
     the choose has not decided), ``waiting``.
@@ -137,15 +135,14 @@ class ExplorationState:
     ``on_metric_error``: ``"stop"`` (default) ends the run with one error when the first
     two branches that reach a choose both fail to give their metric for the same reason
     (a missing key, a non-number); ``"continue"`` only warns and runs every branch.
-    ``publish``: emit :class:`Publish` for changed branches (a dashboard listens).
+    The dashboard's rows are pulled with :meth:`changes` when its publisher is due.
     """
 
-    def __init__(self, compiled: Any, *, on_metric_error: str = "stop", publish: bool = True):
+    def __init__(self, compiled: Any, *, on_metric_error: str = "stop"):
         if on_metric_error not in METRIC_ERROR_MODES:
             raise ValueError(f"on_metric_error must be 'stop' or 'continue', not {on_metric_error!r}")
         self.c = compiled
         self.on_metric_error = on_metric_error
-        self.publish = publish
         self.targets = run_targets(compiled)
         n = len(self.targets)
         self.tips = [_Tip(t) for t in self.targets]
@@ -211,7 +208,8 @@ class ExplorationState:
         self.metric_values: dict[str, tuple[float, dict]] = {}
         self.droppable: frozenset = frozenset()
         self.recomputes = 0
-        self.lost = 0
+        self.lost = 0  # results lost with their worker before their outcome was taken (TaskLost)
+        self.reports_taken = 0  # reports taken (each iteration of each key once)
         # iterative steps and pruning chooses (docs/architecture.md §7.2)
         self.history: dict[str, list[dict]] = defaultdict(list)  # key -> its reports, in iteration order
         self.iterative = {k for k, t in compiled.graph.items() if _iterative_task(t)}
@@ -305,12 +303,10 @@ class ExplorationState:
             self._candidates.update(original_key(n) for n in self.held)
         elif isinstance(ev, Abort):
             self._abort(ev.reason)
-        elif isinstance(ev, WorkerLost):
-            self.lost += sum(1 for n in ev.names if n in self.held)
+        elif isinstance(ev, TaskLost):
+            self._lost(ev.name)
         elif isinstance(ev, Report):
             self._report(ev.name, ev.iteration, dict(ev.values))
-        elif isinstance(ev, Stop):
-            self._stop(original_key(ev.name))
         else:
             raise TypeError(f"ExplorationState: unknown event {ev!r}")
 
@@ -340,6 +336,15 @@ class ExplorationState:
         for tip in self.by_target.get(key, ()):
             if tip.state == SUBMITTED and not tip.dead:
                 self._done(tip)
+
+    def _lost(self, name: str) -> None:
+        """A held result lost before its outcome was taken: Dask computes it again (the run
+        holds it), so wait for it again; the run's bookkeeping is unchanged."""
+        key = self._live_name(name)
+        if key is None or key in self.finished or key in self.errored:
+            return
+        self.lost += 1
+        self._out.append(Watch((name,)))
 
     def _metric(self, name: str, metric: float, scalars: dict) -> None:
         key = self.alias.get(name, name)
@@ -374,7 +379,6 @@ class ExplorationState:
             self.held.difference_update(unfinished)
             self._out.append(Cancel(tuple(sorted(unfinished, key=str))))
         self._dirty_outputs.update(range(len(self.output_tips)))
-        self._publish()
         self._out.append(Fail(reason))
 
     def _report(self, name: str, iteration: int, values: dict) -> None:
@@ -396,6 +400,7 @@ class ExplorationState:
             return  # a gap under a name this run never submitted: another run's leftover step
         if iteration == len(self.history[key]) + 1:
             self.history[key].append(values)
+            self.reports_taken += 1
             if self.curve_choose is not None:
                 self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
@@ -438,7 +443,7 @@ class ExplorationState:
         spec = self.c.chooses[ci].spec
         try:
             return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
-        except Exception as exc:  # a user's callable metric may raise anything
+        except Exception as exc:  # recorded (NaN and a warning): a user's callable metric may raise anything
             if warn and ci not in self.report_alarm:
                 self.report_alarm.add(ci)
                 self._out.append(Warn(
@@ -590,7 +595,6 @@ class ExplorationState:
             self._out.append(Gather(tuple(self._gather)))
             self._gather = []
         self._release()
-        self._publish()
         if self.finished_run:
             self._out.append(Finished())
 
@@ -691,7 +695,6 @@ class ExplorationState:
                 self.alias[name] = k
                 self.finished.discard(k)
                 self.let_go.discard(k)
-                self._out.append(Recompute(k, name))
         for k in need:
             task = self._task(k)
             subs = {d: self.current[d] for d in task.dependencies if d in self.current}
@@ -798,18 +801,11 @@ class ExplorationState:
                 out[self.c.chooses[g[0]].spec.metric_name] = t.metric
         return out
 
-    def _publish(self) -> None:
-        if self.publish:
-            rows = self.changes()
-            if rows:
-                self._out.append(Publish(rows))
-
     def changes(self) -> tuple:
         """The branches whose live status, metrics or error changed since the last call, as
-        ``(id, status, metrics, error)`` rows (what :class:`Publish` carries; a run with
-        iterative steps adds ``iterations, pruned_at, curve``, which change with every report). With
-        ``publish=False`` the driver pulls these when its publisher is due (cheap per event:
-        the machine only notes which branches were touched)."""
+        ``(id, status, metrics, error)`` rows (a run with iterative steps adds ``iterations,
+        pruned_at, curve``, which change with every report). The driver pulls these when its
+        publisher is due (cheap per event: the machine only notes which branches were touched)."""
         if not self._dirty_outputs:
             return ()
         rows = []
@@ -847,6 +843,11 @@ class ExplorationState:
             "best": best,
         }
 
+    def counts(self) -> tuple[int, int]:
+        """``(tasks done, reports taken)``: two numbers, cheap, for the driver to publish to
+        other threads (the watchdog) as an immutable pair after each ``handle``."""
+        return (len(self.finished) + len(self.errored), self.reports_taken)
+
     def pruning_line(self) -> str:
         """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part;
         pruned output branches, as the table's rows)."""
@@ -862,7 +863,7 @@ class ExplorationState:
 
     def report_count(self) -> int:
         """Reports taken so far (each iteration of each key once: replays are not counted)."""
-        return sum(len(h) for h in self.history.values())
+        return self.reports_taken
 
     def rung_log(self) -> list[dict]:
         """Every arrival at a rung of every pruning choose, in arrival order per rung:

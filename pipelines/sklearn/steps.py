@@ -194,7 +194,7 @@ class LevelStep:
                 Xt = est.fit_transform(prev["Xt"], y, **fp)
             else:
                 Xt = est.fit(prev["Xt"], y, **fp).transform(prev["Xt"])
-        except Exception:
+        except Exception:  # recorded (the traceback): a failing estimator is this candidate's result, as in sklearn
             error = traceback.format_exc()
             fit_time = prev["fit_time"] + time.time() - start
             if self.final is not None:

@@ -105,7 +105,7 @@ def cluster(
         if n > devices:
             try:
                 share_workers(c, n)
-            except BaseException:
+            except BaseException:  # re-raised: the half-built cluster is closed first
                 c.close()
                 raise
         return c

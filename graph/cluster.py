@@ -202,7 +202,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any) -> tuple[Any, Any]:
                     os.environ[k] = v
         try:
             c = Client(cluster)
-        except BaseException:
+        except BaseException:  # re-raised: the cluster without a client is closed first
             cluster.close()
             raise
     try:
@@ -212,7 +212,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any) -> tuple[Any, Any]:
         from .logdigest import ErrorDigestPlugin
 
         c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
-    except BaseException:
+    except BaseException:  # re-raised: a cluster whose set-up failed is closed first
         c.close()
         cluster.close()
         raise
@@ -226,7 +226,7 @@ def _closing_after_errors(thing: Any) -> Iterator[Any]:
     so the run's own error is the one the user sees."""
     try:
         yield thing
-    except BaseException:
+    except BaseException:  # re-raised after closing: the body's error is the one the user sees
         try:
             thing.close()
         except Exception as exc:  # the body's error wins; the close failure is only reported

@@ -14,12 +14,16 @@ True
 
 from __future__ import annotations
 
+import logging
+
 import html
 import numbers
 import sys
 from typing import Any
 
 __all__ = ["result_html", "dashboard_link", "MAX_ROWS"]
+
+logger = logging.getLogger(__name__)
 
 #: rows of the table shown inline (best first); the whole table is ``result.table``
 MAX_ROWS = 20
@@ -47,7 +51,8 @@ def dashboard_link(result) -> str | None:
             if client is None or client.status != "running":
                 continue
             link = client.dashboard_link
-        except Exception:  # a client half closed, or a scheduler without a dashboard
+        except Exception as exc:  # a client half closed, or a scheduler without a dashboard: no link from it
+            logger.debug("no dashboard link from %r: %s", client, exc)
             continue
         if link:
             return link.rsplit("/", 1)[0] + "/quiver-exploration"

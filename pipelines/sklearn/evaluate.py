@@ -157,7 +157,7 @@ class Evaluator:
             fit_params = _check_method_params(X, params=routed.estimator.fit, indices=train)
             try:
                 est.fit(X_train, **fit_params) if y_train is None else est.fit(X_train, y_train, **fit_params)
-            except Exception:
+            except Exception:  # re-raised under error_score="raise"; else this fold fails here as on the cluster
                 if s.error_score == "raise":
                     raise
                 continue

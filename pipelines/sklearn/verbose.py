@@ -16,10 +16,14 @@ store).
 
 from __future__ import annotations
 
+import logging
+
 import threading
 from typing import Any
 
 __all__ = ["end_line", "start_line", "send", "Lines"]
+
+logger = logging.getLogger(__name__)
 
 
 def start_line(n_splits: int, n_candidates: int) -> str:
@@ -66,19 +70,18 @@ def _plain(v: Any) -> Any:
 def send(topic: str, candidate: str, fold: int, result: dict) -> None:
     """On a worker: report one finished fit (``result``: what ``_fit_and_score`` returns) on
     ``topic``.  Outside a worker, or if the event cannot be sent, nothing happens."""
-    try:
-        from distributed import get_worker
+    from gpu.worker import current_worker  # the one answer to "am I in a task?"
 
-        worker = get_worker()
-    except (ImportError, ValueError):
+    worker = current_worker()
+    if worker is None:
         return
     msg = {"candidate": candidate, "fold": int(fold), "test": _plain(result.get("test_scores")),
            "train": _plain(result.get("train_scores")),
            "time": float(result.get("fit_time", 0.0)) + float(result.get("score_time", 0.0))}
     try:
         worker.log_event(topic, msg)
-    except Exception:  # progress lines must never fail a fit
-        pass
+    except Exception as exc:  # progress lines must never fail a fit: the line is dropped, the reason logged
+        logger.debug("verbose line not sent: %s", exc)
 
 
 class Lines:
@@ -123,7 +126,8 @@ class Lines:
         """Print each fit's line as its event arrives on ``client`` (a ``distributed.Client``)."""
         try:
             client.subscribe_topic(self.topic, self._handle)
-        except Exception:  # pragma: no cover - an old distributed: lines come at the end
+        except Exception as exc:  # pragma: no cover - an old distributed: lines come at the end
+            logger.debug("no live verbose lines: %s", exc)
             return
         self.client = client
 
@@ -133,8 +137,8 @@ class Lines:
             client, self.client = self.client, None
             try:
                 client.unsubscribe_topic(self.topic)
-            except Exception:  # pragma: no cover - a closed client
-                pass
+            except Exception as exc:  # pragma: no cover - a closed client: nothing left to stop
+                logger.debug("unsubscribing the verbose lines failed: %s", exc)
 
     def finish(self, folds: list[list[dict]]) -> None:
         """Stop listening; print the lines not printed yet, from each candidate's fold results."""

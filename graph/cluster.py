@@ -189,6 +189,10 @@ def _start_embedded(kwargs: dict, memory_budget: Any) -> tuple[Any, Any]:
     variables = set(ours) | set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}))
     before = {k: os.environ.get(k) for k in variables}
     with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}):
+        # Dask's nanny lets this process's environment override its config, and a nanny that
+        # restarted a worker earlier (another cluster, a budgeted run) leaves its values there:
+        # say ours in the environment too, for the nannies' start
+        os.environ.update(ours)
         try:
             cluster = LocalCluster(**kwargs)
         finally:

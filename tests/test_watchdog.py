@@ -210,5 +210,8 @@ def test_stall_timeout_has_one_meaning_in_execute_and_run(client):
         watched.append(any(t.name == "quiver-watchdog" and t.is_alive() for t in threading.enumerate()))
 
     execute(compiled, client, progress=False, on_driver=note)
+    for t in threading.enumerate():  # the first run's watchdog ends after its run: not a second one
+        if t.name == "quiver-watchdog":
+            t.join(timeout=10)
     execute(compiled, client, progress=False, on_driver=note, stall_timeout=0)
     assert watched == [True, False]

@@ -205,13 +205,16 @@ def test_stall_timeout_has_one_meaning_in_execute_and_run(client):
         Pipeline("p").source(steps.source).run(client, progress=False, stall_timeout=-1)
     compiled = Pipeline("p").source(steps.source).compile()
     watched = []
+    earlier: set = set()
 
-    def note(driver):
-        watched.append(any(t.name == "quiver-watchdog" and t.is_alive() for t in threading.enumerate()))
+    def watchdogs() -> set:
+        return {t for t in threading.enumerate() if t.name == "quiver-watchdog" and t.is_alive()}
 
+    def note(driver):  # a watchdog this run started (earlier tests' threads may still be ending)
+        watched.append(bool(watchdogs() - earlier))
+
+    earlier = watchdogs()
     execute(compiled, client, progress=False, on_driver=note)
-    for t in threading.enumerate():  # the first run's watchdog ends after its run: not a second one
-        if t.name == "quiver-watchdog":
-            t.join(timeout=10)
+    earlier = watchdogs()
     execute(compiled, client, progress=False, on_driver=note, stall_timeout=0)
     assert watched == [True, False]

@@ -28,7 +28,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.svm import SVC  # noqa: E402
 
 from pipelines.sklearn import GridSearchCV, RandomizedSearchCV, from_sklearn  # noqa: E402
-from pipelines.sklearn.plan import plan_levels  # noqa: E402
+from pipelines.sklearn.plan import TASKS_PER_THREAD, fold_groups, plan_levels  # noqa: E402
 from pipelines.sklearn.results import fold_result  # noqa: E402
 from tests.sklearn_steps import RecordingScaler, dict_scorer, pick_second  # noqa: E402
 
@@ -118,12 +118,25 @@ def test_each_prefix_fit_runs_once(client, tmp_path):
     assert len(fits) == 6, fits
     assert len({f.rsplit("-", 1)[0] for f in fits}) == 6  # six different (factor, fold) fits
     stats = ours.quiver_result_.stats
-    # data, 3 splits, 6 scaler, 12 PCA, 36 final fits, 2 fold joins x 12, 12 summaries
-    assert stats["unique_tasks"] == 1 + 3 + 6 + 12 + 36 + 24 + 12
+    assert 4 * sum(client.nthreads().values()) <= 12  # so the 3 folds are one group (fold_groups)
+    # data, the 3 folds split in one task, 2 scalers, 4 PCA, 12 final fits (each fitting and
+    # scoring its 3 folds, then summarising them)
+    assert stats["unique_tasks"] == 1 + 1 + 2 + 4 + 12
     assert stats["executed_tasks"] == stats["unique_tasks"]
     assert stats["naive_tasks"] > stats["unique_tasks"]
     theirs = ms.GridSearchCV(est.set_params(scale__log_dir=None), grid, cv=3, refit=False).fit(X, Y)
     np.testing.assert_array_equal(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+
+
+@given(candidates=st.integers(1, 200), n_splits=st.integers(1, 12), threads=st.integers(1, 64))
+def test_fold_groups_cut_the_folds_in_order_into_enough_tasks(candidates, n_splits, threads):
+    groups = fold_groups(candidates, n_splits, threads)
+    assert [i for g in groups for i in g] == list(range(n_splits))  # every fold once, in order
+    assert all(groups) and max(map(len, groups)) - min(map(len, groups)) <= 1  # balanced
+    if len(groups) < n_splits:  # folds share a task only when the threads stay busy anyway
+        assert candidates * len(groups) >= TASKS_PER_THREAD * threads
+    if len(groups) > 1:  # and are split no further than needed
+        assert candidates * (len(groups) - 1) < TASKS_PER_THREAD * threads
 
 
 def test_error_score_number_warns_like_scikit_learn(client):

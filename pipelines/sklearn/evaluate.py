@@ -102,7 +102,7 @@ class Evaluator:
             self.base, candidates, X, y, splits,
             scorer=self.scorers, return_train_score=s.return_train_score, error_score=s.error_score,
             fit_params=routed.estimator.fit, score_params=routed.scorer.score,
-            name=type(s).__name__, report=None if lines is None else lines.topic,
+            name=type(s).__name__, report=None if lines is None else lines.topic, threads=_threads(s.client),
         )
         rank_by = self.refit_metric if isinstance(self.refit_metric, str) else None
         node = compiled.node.choose(MeanTest(rank_by), mode="max")
@@ -198,3 +198,16 @@ def _relay_warnings(result: Any, rows: list[dict]) -> None:
     table = result.table = result.table.drop(columns=[c for c in result.table.columns if str(c).startswith(CHUNK)])
     table.attrs["warnings"] = [{k: v for k, v in m.items() if k != "record"} for m in met]
     reemit([m["record"] for m in met])
+
+
+def _threads(client: Any) -> int | None:
+    """The threads a run on ``client`` will have, when ``client`` is a connected ``Client``
+    (``None``: an address or an embedded cluster; :func:`.exploration.build` assumes an
+    embedded cluster's)."""
+    nthreads = getattr(client, "nthreads", None)
+    if client is None or isinstance(client, str) or not callable(nthreads):
+        return None
+    try:
+        return max(1, sum(nthreads().values()))
+    except (OSError, TimeoutError):  # the scheduler does not answer: the run itself will say so
+        return None

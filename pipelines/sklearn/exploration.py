@@ -1,12 +1,15 @@
 """Compile a scikit-learn search into one Quiver exploration.
 
-Per fold: ``source(data) -> then(split_fold) -> explore(step 1) -> ... -> explore(step n)``,
+Per group of folds: ``source(data) -> then(split_folds) -> explore(step 1) -> ... -> explore(step n)``,
 one explore per pipeline step (named after it) over that step's distinct parameter points,
-so every (step prefix, its parameters, fold) is one task, shared by all the candidates that
-have that prefix.  The last level fits the final step and scores the assembled pipeline
-exactly as scikit-learn's ``_fit_and_score`` does.  The folds are joined on the explores they
-share (``pipelines.combine``, two at a time), giving one branch per candidate with all its
-fold results, summarised into table scalars (``split0_test_score``, ``mean_test_score``, ...).
+so every (step prefix, its parameters, group of folds) is one task, shared by all the
+candidates that have that prefix.  The last level fits the final step and scores the
+assembled pipeline exactly as scikit-learn's ``_fit_and_score`` does, fold by fold.  How the
+folds are grouped is :func:`pipelines.sklearn.plan.fold_groups`'s rule: one group when the
+candidates alone keep the cluster's threads busy (the last level then also summarises, so a
+candidate costs one task), else smaller groups joined on the explores they share
+(``pipelines.combine``, two at a time).  Each branch (one per candidate) ends in table
+scalars (``split0_test_score``, ``mean_test_score``, ...).
 
 >>> from sklearn.pipeline import make_pipeline
 >>> from sklearn.preprocessing import StandardScaler
@@ -14,24 +17,28 @@ fold results, summarised into table scalars (``split0_test_score``, ``mean_test_
 >>> from sklearn.datasets import load_iris
 >>> X, y = load_iris(return_X_y=True)
 >>> est = make_pipeline(StandardScaler(), LogisticRegression())
->>> node = from_sklearn(est, {"logisticregression__C": [0.1, 1, 10]}, X, y, cv=3)
+>>> node = from_sklearn(est, {"logisticregression__C": [0.1, 1, 10]}, X, y, cv=3, threads=2)
 >>> c = node.compile()
 >>> len(c.branches), c.branches[0].choices["logisticregression"][1]
 (3, {'logisticregression__C': 0.1})
->>> c.unique_tasks                                   # data, 3 splits, 3 scalers, 9 fits, 2 joins x 3, 3 summaries
+>>> c.unique_tasks           # 3 candidates, 2 threads: a task per fold; data, 3 folds, 3 scalers, 9 fits, 6 joins, 3 summaries
 25
+>>> one_group = from_sklearn(est, {"logisticregression__C": [0.1, 1, 10, 100]}, X, y, cv=3, threads=1)
+>>> one_group.compile().unique_tasks   # 4 candidates, 1 thread: data, the folds, the scaler, 4 fits that summarise
+7
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..builder import Pipeline, combine
 from .config import captured
-from .plan import SINGLE, Levels, plan_levels
-from .steps import FinalConfig, LevelStep, as_folds, collect_folds, load_data, scores_transformed, split_fold, summarize
+from .plan import SINGLE, Levels, fold_groups, plan_levels
+from .steps import FinalConfig, FoldsStep, LevelStep, collect_folds, load_data, scores_transformed, split_folds, summarize
 from .tokens import Est, param_token, unwrap, wrap
 
 __all__ = ["Compiled", "build", "from_sklearn", "steps_of"]
@@ -97,11 +104,14 @@ def build(
     name: str = "sklearn-search",
     config: dict | None = None,
     report: str | None = None,
+    threads: int | None = None,
 ) -> Compiled:
     """The exploration of ``candidates`` x ``splits`` as a Quiver node (nothing runs).
     ``config``: scikit-learn's configuration the steps run under (default: the one in force
     now, :func:`pipelines.sklearn.config.captured`); ``report``: the Dask event topic each fit's
-    result is sent on, for the ``verbose`` lines (:mod:`pipelines.sklearn.verbose`)."""
+    result is sent on, for the ``verbose`` lines (:mod:`pipelines.sklearn.verbose`); ``threads``:
+    the threads the run will have, which decides how folds are grouped into tasks
+    (:func:`pipelines.sklearn.plan.fold_groups`; default: an embedded cluster's)."""
     if config is None:
         config = captured()
     fit_params = dict(fit_params or {})
@@ -110,31 +120,40 @@ def build(
     final = FinalConfig(scorer, return_train_score, error_score, estimator, report)
     bases = dict(estimator.steps) if levels.split else {SINGLE: estimator}
     transformed = scores_transformed(scorer)
+    if not splits:
+        raise ValueError("the cross-validation gave no splits")
+    if threads is None:
+        from graph.cluster import default_workers
+
+        threads = default_workers()
+    groups = fold_groups(math.prod(len(a) for a in levels.alternatives), len(splits), threads)
     level_alts = []
     for i, (level, alternatives) in enumerate(zip(levels.names, levels.alternatives)):
         last = i == len(levels.names) - 1
-        made: dict[str, LevelStep] = {}
+        made: dict[str, FoldsStep] = {}
         alts = []
         for params in alternatives:
             label = _label(level, bases[level], params, levels.split)
             if label not in made:
-                made[label] = LevelStep(level, bases[level], slot=levels.split, final=final if last else None,
-                                        label=label, transformed=transformed, train_scores=return_train_score)
+                step = LevelStep(level, bases[level], slot=levels.split, final=final if last else None,
+                                 label=label, transformed=transformed, train_scores=return_train_score)
+                made[label] = FoldsStep(step, summary=last and len(groups) == 1, error_score=error_score)
             alts.append(functools.partial(made[label], **wrap(params)))
         level_alts.append(alts)
     data = Pipeline(name).source(load_data, X=X, y=y, fit_params=fit_params, score_params=dict(score_params or {}))
-    folds = []
-    for index, (train, test) in enumerate(splits):
-        node = data.then(split_fold, estimator=Est(estimator), train=train, test=test, config=config, index=index)
+    nodes = []
+    for group in groups:
+        folds = tuple((index, splits[index][0], splits[index][1]) for index in group)
+        node = data.then(split_folds, estimator=Est(estimator), folds=folds, config=config)
         for level, alts in zip(levels.names, level_alts):
             node = node.explore(level, *alts)
-        folds.append(node)
-    if not folds:
-        raise ValueError("the cross-validation gave no splits")
-    acc = folds[0].then(as_folds) if len(folds) == 1 else folds[0]
-    for fold in folds[1:]:
-        acc = combine(collect_folds, first=acc, second=fold)
-    return Compiled(acc.then(summarize, error_score=error_score), levels, len(folds))
+        nodes.append(node)
+    if len(nodes) == 1:
+        return Compiled(nodes[0], levels, len(splits))
+    acc = nodes[0]
+    for node in nodes[1:]:
+        acc = combine(collect_folds, first=acc, second=node)
+    return Compiled(acc.then(summarize, error_score=error_score), levels, len(splits))
 
 
 def from_sklearn(
@@ -149,11 +168,14 @@ def from_sklearn(
     error_score: Any = float("nan"),
     groups: Any = None,
     name: str = "sklearn-search",
+    threads: int | None = None,
     **fit_params: Any,
 ):
     """A scikit-learn search as a Quiver node: one branch per candidate of ``param_grid``
     (a dict or list of dicts, as ``GridSearchCV`` takes), each branch's output the table
     scalars ``split<i>_test_<metric>``, ``mean_test_<metric>``, fit and score seconds.
+    ``threads``: the threads of the cluster it will run on (default: an embedded cluster's),
+    which decides how many folds one task fits (:func:`pipelines.sklearn.plan.fold_groups`).
     Explore names are the pipeline's step names (see :mod:`pipelines.sklearn.plan`), so you can
     go on: ``.choose("mean_test_score", per="clf")``, ``.run(memory_budget=...)``.
 
@@ -177,4 +199,4 @@ def from_sklearn(
     splitter = check_cv(cv, y, classifier=is_classifier(estimator))
     splits = list(splitter.split(X, y, groups))
     return build(estimator, candidates, X, y, splits, scorer=scorer, return_train_score=return_train_score,
-                 error_score=error_score, fit_params=fit_params, name=name).node
+                 error_score=error_score, fit_params=fit_params, name=name, threads=threads).node

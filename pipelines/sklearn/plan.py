@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Levels", "plan_levels", "step_of", "SINGLE"]
+__all__ = ["Levels", "plan_levels", "step_of", "fold_groups", "SINGLE"]
 
 #: the explore name of a search that is not split by pipeline step
 SINGLE = "estimator"
@@ -92,3 +92,34 @@ def plan_levels(step_names: Sequence[str] | None, candidates: Sequence[dict], to
     if math.prod(len(a) for a in alternatives) != len(whole_tokens):
         return single  # not the Cartesian product of the per-step parts
     return Levels(names, alternatives, True)
+
+
+#: tasks wanted per thread on a search's last level: enough for the threads to stay busy while
+#: the candidates' fit times differ (scikit-learn's joblib dispatches ``2 * n_jobs`` ahead)
+TASKS_PER_THREAD = 4
+
+
+def fold_groups(candidates: int, n_splits: int, threads: int) -> tuple[tuple[int, ...], ...]:
+    """Cut the folds ``0 .. n_splits-1`` into the fewest consecutive groups that still give
+    the last level at least ``TASKS_PER_THREAD`` tasks per thread (a group of folds is one task
+    per candidate): many candidates, one group (every fold of a candidate in one task); few
+    candidates, one group per fold (the folds run in parallel).
+
+    >>> fold_groups(36, 5, threads=2)     # 36 tasks already keep 2 threads busy
+    ((0, 1, 2, 3, 4),)
+    >>> fold_groups(1, 5, threads=2)      # one candidate: every fold its own task
+    ((0,), (1,), (2,), (3,), (4,))
+    >>> fold_groups(3, 5, threads=2)      # 8 tasks wanted of 3 candidates: 3 groups
+    ((0, 1), (2, 3), (4,))
+    """
+    if n_splits < 1:
+        return ()
+    wanted = TASKS_PER_THREAD * max(1, threads)
+    groups = max(1, min(n_splits, math.ceil(wanted / max(1, candidates))))
+    size, extra = divmod(n_splits, groups)
+    out, start = [], 0
+    for g in range(groups):
+        stop = start + size + (1 if g < extra else 0)
+        out.append(tuple(range(start, stop)))
+        start = stop
+    return tuple(out)

@@ -3,7 +3,7 @@
 They *are* scikit-learn's classes (subclasses), with the same constructor arguments and
 fitted attributes; only ``fit`` differs: the search is compiled into one Quiver exploration
 (:mod:`pipelines.sklearn.exploration`) in which every (pipeline step prefix, its parameters,
-fold) is one task, run on a Dask cluster, and the per-fold results are handed to
+group of folds) is one task, run on a Dask cluster, and the per-fold results are handed to
 scikit-learn's own code for ``cv_results_``, fit-failure warnings and the refit.
 
 Quiver's own arguments: ``client`` (a ``distributed.Client``, a scheduler address, or

@@ -30,7 +30,8 @@ from .relay import caught, pack
 from .verbose import send
 from .tokens import Est, estimator_token, param_token, unwrap
 
-__all__ = ["load_data", "split_fold", "LevelStep", "FinalConfig", "collect_folds", "summarize", "MeanTest", "FitFailed"]
+__all__ = ["load_data", "split_fold", "split_folds", "LevelStep", "FoldsStep", "FinalConfig", "collect_folds",
+           "summarize", "MeanTest", "FitFailed"]
 
 PASSTHROUGH = (None, "passthrough")
 
@@ -68,6 +69,15 @@ def split_fold(data: dict, /, *, estimator: Est, train: Any, test: Any, config: 
         }
     return {"fold": fold, "steps": [], "Xt": X_train, "Xte": X_test, "Xtr": X_train, "fit_time": time.time() - start,
             "score_time": 0.0, "error": None, "warnings": records, "config": config, "index": index, "params": {}}
+
+
+def split_folds(data: dict, /, *, estimator: Est, folds: tuple, config: dict | None = None) -> list:
+    """A group of folds in one task: ``folds`` is ``((index, train, test), ...)``; the
+    prefixes :func:`split_fold` gives for each, in order.  A level then fits all of them in one
+    task (:class:`FoldsStep`): when a search has enough candidates to keep every thread busy,
+    one task per candidate and fold costs more in scheduling than the tiny fits themselves."""
+    return [split_fold(data, estimator=estimator, train=train, test=test, config=config, index=index)
+            for index, train, test in folds]
 
 
 def scores_transformed(scorer: Any) -> bool:
@@ -251,9 +261,37 @@ class LevelStep:
         return out
 
 
-def collect_folds(first: Any, second: dict) -> list:
-    """Gather a candidate's fold results in fold order (folds are joined two at a time)."""
-    return (list(first) if isinstance(first, list) else [first]) + [second]
+class FoldsStep:
+    """A :class:`LevelStep` on a group of folds: the step on each fold's prefix, in fold order
+    (one task instead of one per fold).  ``summary=True``: on the last level of a search whose
+    folds form one group, return :func:`summarize`'s table scalars of the folds (the candidate's
+    row, with the search's ``error_score``) instead of the list, so that summarising costs no
+    task of its own.
+
+    >>> FoldsStep(LevelStep("clf", None, slot=True, final=None, label="SVC")).__name__
+    'SVC'
+    """
+
+    def __init__(self, step: LevelStep, *, summary: bool = False, error_score: Any = None):
+        self.step = step
+        self.summary = bool(summary)
+        self.error_score = error_score
+        self.__name__ = step.__name__
+
+    def __dask_tokenize__(self) -> Any:
+        return ("FoldsStep", self.step.__dask_tokenize__(), self.summary, repr(self.error_score))
+
+    def __repr__(self) -> str:
+        return f"FoldsStep({self.step!r})"
+
+    def __call__(self, prevs: list, /, **params: Any) -> Any:
+        out = [self.step(prev, **params) for prev in prevs]
+        return summarize(out, error_score=self.error_score) if self.summary else out
+
+
+def collect_folds(first: Any, second: Any) -> list:
+    """Gather a candidate's fold results in fold order (groups of folds are joined two at a time)."""
+    return (list(first) if isinstance(first, list) else [first]) + (list(second) if isinstance(second, list) else [second])
 
 
 def as_folds(only: dict) -> list:

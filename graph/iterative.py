@@ -192,6 +192,9 @@ class Iterative:
     """
 
     __slots__ = ("fn", "prune", "__name__")
+    #: how the state machine (``graph.state.machine``, which imports no module that talks to a
+    #: cluster, so not this one) tells that a compiled task reports as it runs
+    __quiver_iterative_task__ = True
 
     def __init__(self, fn: Callable, prune: PruneSpec | None = None):
         self.fn = fn

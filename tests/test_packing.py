@@ -18,7 +18,7 @@ import pipelines
 from gpu.packing import PackedTrainer, tune_members
 from graph.iterative import Pruned, ReportChannel
 from graph.packing import pack_compiled, packable_groups, packed_train
-from graph.pruning import Halving, Stop
+from graph.state.halving import Halving, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, grid
 

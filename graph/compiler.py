@@ -128,7 +128,7 @@ class CompiledPipeline:
     #: a failed partition names its step in the table, not the Dask layer it came from
     step_of: dict = field(default_factory=dict)
     #: graph/packing.py (``run(pack=True)``): packed task -> its group's member keys, the groups'
-    #: claim tables (graph/claims.py), and packed task -> the worker thread it is placed on
+    #: claim tables (graph/packing.py, their rule graph/state/claims.py), and packed task -> the worker thread it is placed on
     packed: dict = field(default_factory=dict)
     claim_tables: list = field(default_factory=list)
     placement: dict = field(default_factory=dict)

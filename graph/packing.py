@@ -14,7 +14,7 @@ A run turns packing off with ``run(..., pack=False)``.
 
 **What replaces them.** A group becomes ``min(worker threads, members)`` *packed tasks*,
 each running :func:`packed_train`: a :class:`gpu.PackedTrainer` over the members it **claims
-at run time** from the group's claim table (:mod:`graph.claims`): one when it starts, then as
+at run time** from the group's claim table (the rule: :mod:`graph.state.claims`; the table: :func:`claim_on_scheduler`): one when it starts, then as
 many as Crossbow's rule lets it train at once (``active="auto"``), and more whenever a member
 leaves it, so no packed task idles while a member of its group waits. Each member's key keeps
 its place in the graph, now holding a tiny task (:func:`member_value`) that picks the member's
@@ -54,8 +54,18 @@ from typing import Any
 
 from .iterative import STOP, Iterative, Pruned, _Task
 from .spec import PruneSpec
+from .state.claims import claim, progress
 
-__all__ = ["IGNORED_PARAMS", "pack_compiled", "packable_groups", "packed_train", "member_value"]
+__all__ = [
+    "IGNORED_PARAMS",
+    "claim_on_scheduler",
+    "forget_claims",
+    "member_value",
+    "pack_compiled",
+    "packable_groups",
+    "packed_train",
+    "takeovers_on_scheduler",
+]
 
 #: ``gpu.train`` arguments that do not change what is trained: packed members may differ in them.
 IGNORED_PARAMS = ("workers", "max_restarts", "timeout", "max_replicas")
@@ -134,8 +144,8 @@ class _MemberTask(_Task):
 
 
 def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon: dict) -> Any:
-    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.claims.progress`
-    (what it has trained, what it lost to a take-over) and :func:`graph.claims.claim` on the
+    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.state.claims.progress`
+    (what it has trained, what it lost to a take-over) and :func:`graph.state.claims.claim` on the
     group's table on the scheduler, one round trip, inside a run; every member at once otherwise."""
     if claims is None or pack.worker is None:
         left = list(order)
@@ -148,7 +158,6 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
         return take
     from distributed import get_client
 
-    from .claims import claim_on_scheduler
 
     client = get_client()
 
@@ -177,7 +186,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     rungs, drop members answered ``"stop"``. Returns ``{member key: result or Pruned}`` for the
     members it trained.
 
-    ``claims``: the name of the group's claim table (``graph.claims``; ``packs``: the group's
+    ``claims``: the name of the group's claim table (``graph.state.claims``; ``packs``: the group's
     packed task keys): the task claims members as it has places (at its start and whenever a
     member leaves), takes one over from a busier pack of its group when it would otherwise end
     idle, and drops a member another pack took over; so the group's packed tasks share its
@@ -340,7 +349,7 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
                   workers: list[str] | None = None) -> Any:
     """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
     each group becomes at most ``slots`` packed tasks (the cluster's worker threads; default:
-    ``len(workers)``) that claim its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
+    ``len(workers)``) that claim its members at run time from the claim table ``f"{run}-{group}"`` (``graph.state.claims``; ``run``:
     a name unique to this run, a fresh one by default). ``compiled.packed``: ``{packed task:
     its group's member keys}``; ``compiled.claim_tables``: the tables' names;
     ``compiled.placement``: ``{packed task: worker}`` from ``workers`` (one address per worker
@@ -380,3 +389,33 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
             groups_of_packs.append(packs)
     compiled.placement = place_packs(groups_of_packs, list(workers or []))
     return compiled
+
+
+# the claim table on the scheduler (the rule itself: graph.state.claims)
+
+
+def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping | None = None,
+                       done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
+    """:func:`graph.state.claims.progress` (when ``made`` is given) then :func:`graph.state.claims.claim` on the table ``name`` in the
+    scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
+    event loop: no two calls interleave). Returns ``(lost, claimed)``: one round trip per epoch."""
+    keys = ["quiver", "claims", name]
+    table = dask_scheduler.get_metadata(keys=keys, default=None)
+    if table is None:
+        table = {}
+        dask_scheduler.set_metadata(keys=keys, value=table)
+    lost = progress(table, kwargs["pack"], made, done) if made is not None else []
+    return lost, claim(table, **kwargs)
+
+
+def takeovers_on_scheduler(dask_scheduler: Any = None, *, names: Sequence[str]) -> int:
+    """How many members were taken over in the tables ``names`` (a run's ``stats["packed_takeovers"]``)."""
+    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
+    return sum(len(tables.get(n, {}).get("takeovers", ())) for n in names)
+
+
+def forget_claims(dask_scheduler: Any = None, *, names: Sequence[str]) -> None:
+    """Drop the tables ``names`` (a run's, when it ends)."""
+    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
+    for n in names:
+        tables.pop(n, None)

@@ -33,9 +33,9 @@ def run_node(
     from graph.executor import execute
     from graph.tracebacks import restore_table
 
-    from graph.watchdog import stall_seconds
+    from graph.state.watchdog import stall_seconds
 
-    try:  # one meaning (graph.watchdog.stall_seconds), refused before a cluster starts
+    try:  # one meaning (graph.state.watchdog.stall_seconds), refused before a cluster starts
         stall_seconds(stall_timeout)
     except ValueError as exc:
         raise graph.PipelineError(str(exc)) from None
@@ -121,8 +121,8 @@ def run_node(
             raise
         finally:
             takeovers = None
-            if compiled.claim_tables:  # graph.claims: the packed tasks' tables, done with
-                from graph.claims import forget_claims, takeovers_on_scheduler
+            if compiled.claim_tables:  # graph.packing: the packed tasks' tables, done with
+                from graph.packing import forget_claims, takeovers_on_scheduler
 
                 with contextlib.suppress(Exception):
                     takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)

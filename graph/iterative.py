@@ -59,13 +59,13 @@ from typing import Any
 
 from .scalars import scalar_entries
 from .spec import PruneSpec, fn_name
+from .state.halving import Pruned
 
 __all__ = [
     "REPORT_TOPIC",
     "CONTINUE",
     "STOP",
     "Iterative",
-    "Pruned",
     "ReportChannel",
     "gate_name",
     "is_iterative",
@@ -105,14 +105,6 @@ def _iterate_of(fn: Any) -> Callable:
 def gate_name(key: str, iteration: int) -> str:
     """Name of the ``distributed.Variable`` holding the run's answer at a rung."""
     return f"quiver-gate-{key}-{iteration}"
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What a stopped iterative step returns: the run recognises it (status ``pruned``)."""
-
-    iterations: int
-    last: Mapping | None
 
 
 def _scalars(report: Mapping) -> dict:

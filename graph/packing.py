@@ -52,9 +52,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .iterative import STOP, Iterative, Pruned, _Task
+from .iterative import STOP, Iterative, _Task
 from .spec import PruneSpec
 from .state.claims import claim, progress
+from .state.halving import Pruned
 
 __all__ = [
     "IGNORED_PARAMS",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .compiler import Branch, CompiledPipeline, scalar_entries
+from .compiler import CompiledPipeline, scalar_entries
 from .state.ranking import sort_key
 from .spec import fn_name
 from .state.rows import RowState

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import gpu
 import pipelines
 from gpu.packing import PackedTrainer, tune_members
-from graph.iterative import Pruned, ReportChannel
+from graph.iterative import ReportChannel
 from graph.packing import pack_compiled, packable_groups, packed_train
-from graph.state.halving import Halving, Stop
+from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, grid
 

@@ -35,13 +35,22 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from .ranking import sort_key
 from ..spec import PruneSpec
 
-__all__ = ["Continue", "Stop", "Decision", "Halving", "RungEntry", "curve_choose"]
+__all__ = ["Continue", "Stop", "Decision", "Halving", "Pruned", "RungEntry", "curve_choose"]
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a stopped iterative step returns (``graph.iterative.Iterative`` on a ``Stop``):
+    the run recognises it (status ``pruned``)."""
+
+    iterations: int
+    last: Mapping | None
 
 
 @dataclass(frozen=True)

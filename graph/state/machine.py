@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..compiler import extract_metric, metric_failure_cause
 from ..keys import original_key, recompute_key, step_name
 from ..wrappers import layers
 from .halving import Halving, curve_choose
+from .metric import extract_metric, metric_failure_cause
 from .ranking import decide, meets, sort_key
 from .events import (
     Abort,
@@ -324,7 +324,7 @@ class ExplorationState:
         if key is None or key in self.finished:
             return
         self.finished.add(key)
-        self.stopping.discard(key)  # a stopped step returned (graph.iterative.Pruned): released below
+        self.stopping.discard(key)  # a stopped step returned (graph.state.halving.Pruned): released below
         self._candidates.add(key)
         self._candidates.update(self._task(key).dependencies)
         if key in self.c.metric_graph:

@@ -12,17 +12,14 @@ turns them into the pandas table. Pure data: no pandas, no cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ..compiler import Branch
+from typing import Any
 
 __all__ = ["RowState"]
 
 
 @dataclass
 class RowState:
-    branch: Branch
+    branch: Any  # its graph.compiler.Branch
     status: str
     chosen: bool
     metrics: list  # [(choose index, metric or None)]

@@ -141,10 +141,9 @@ class _Task:
 
     def cancelled(self) -> bool:
         """True once the run released this task (Dask marks it cancelled while it executes)."""
-        if not self.live:
-            return False
-        ts = self.worker.state.tasks.get(self.key)
-        return ts is None or ts.state in ("cancelled", "released", "forgotten")
+        from gpu.worker import task_cancelled
+
+        return self.live and task_cancelled(self.worker, self.key)
 
     def answer(self, iteration: int) -> str:
         """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled)."""

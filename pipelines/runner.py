@@ -73,7 +73,7 @@ def run_node(
         except ValueError as exc:
             raise graph.PipelineError(str(exc)) from None
         if client is None:
-            from graph.cluster import default_workers
+            from gpu.clusters import default_workers
 
             plan_memory(compiled, memory_budget, workers=workers or default_workers())
     import contextlib

@@ -83,6 +83,18 @@ def _train_fn(fn: Any) -> tuple[Any, PruneSpec | None] | None:
     return fn, prune
 
 
+def _split(kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+    """A ``gpu.train`` task's arguments as ``(shared, member)``: what every member of a packed
+    group must agree on, and what each member sets for itself (``gpu.packing.MEMBER_PARAMS``);
+    :data:`IGNORED_PARAMS` are in neither."""
+    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
+    # an exploration of scikit-learn steps never imports torch for packing's sake
+    from gpu.packing import MEMBER_PARAMS
+
+    shared = {k: v for k, v in kwargs.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    return shared, {k: v for k, v in kwargs.items() if k in MEMBER_PARAMS}
+
+
 def _signature(task: Any) -> str | None:
     """What members of one packed group share (``None``: the task cannot be packed)."""
     from dask.task_spec import TaskRef
@@ -93,10 +105,6 @@ def _signature(task: Any) -> str | None:
     found = _train_fn(func)
     if found is None or len(task.args) != 1 or not isinstance(task.args[0], TaskRef):
         return None
-    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
-    # an exploration of scikit-learn steps never imports torch for packing's sake
-    from gpu.packing import MEMBER_PARAMS
-
     from .keys import step_key
 
     kw = task.kwargs
@@ -104,7 +112,7 @@ def _signature(task: Any) -> str | None:
     if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")
             or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
         return None
-    shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    shared, _ = _split(kw)
     from dask.tokenize import TokenizationError
 
     try:
@@ -290,8 +298,6 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
     run time) and the member tasks that replace the packable ones."""
     from dask.task_spec import Task, TaskRef
 
-    from gpu.packing import MEMBER_PARAMS
-
     from .keys import step_key
 
     prunes = {}
@@ -305,8 +311,8 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
         first = compiled.graph[keys[0]]
         kw = dict(first.kwargs)
         model = kw.pop("model")
-        shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
-        members = {k: {p: v for p, v in compiled.graph[k].kwargs.items() if p in MEMBER_PARAMS} for k in keys}
+        shared, _ = _split(kw)
+        members = {k: _split(compiled.graph[k].kwargs)[1] for k in keys}
         member_prunes = {k: prunes.get(k, _train_fn(compiled.graph[k].func)[1]) for k in keys}
         data = first.args[0]
         packs = [step_key(packed_train, {"members": tuple(keys), "pack": i}, (data.key,))

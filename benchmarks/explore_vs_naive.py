@@ -12,7 +12,7 @@ by cheap model branches (LogisticRegression over C, RidgeClassifier over alpha),
 scored by validation accuracy, best kept.  Methods, all on the same 2 cores:
 
 (a) Quiver: one deduplicated graph on a LocalCluster(2 workers x 1 thread, processes).
-(a') the same with ``graph.placement`` installed around the run: the moment a result that
+(a') the same with ``benchmarks/placement.py`` installed around the run: the moment a result that
     several steps read (the source, each PCA) is in memory, the other worker is asked to fetch
     a copy (Dask's acquire-replicas), before its holder starts a GIL-holding SVD.
 (b) Dask, one separate job per branch: each branch's full path (load -> features ->
@@ -108,7 +108,7 @@ LOGREG_MAX_ITER = 1000
 SOURCE_KEYS = ("seed", "n_samples", "n_features", "n_latent", "n_classes", "val_fraction")
 METHODS = {
     "quiver": "(a) Quiver",
-    "quiver_placed": "(a') Quiver + graph.placement",
+    "quiver_placed": "(a') Quiver + placement",
     "dask_per_branch": "(b) Dask, one job per branch",
     "sklearn": "(c) sklearn GridSearchCV(n_jobs=2, memory)",
     "dask_ml": "(d) dask-ml GridSearchCV",
@@ -261,11 +261,11 @@ def build_quiver(cfg):
 
 def run_quiver(cfg, client, placement=False):
     """``placement``: copies of the shared results are made on the other worker the moment they
-    exist (``graph.placement``, installed around the run here until the executor calls it)."""
+    exist (``benchmarks/placement.py``, installed around the run here: the executor does not call it)."""
     from distributed import get_task_stream
 
     import graph
-    from graph import placement as place
+    import placement as place  # benchmarks/placement.py (the benchmark's directory is on sys.path)
 
     best = build_quiver(cfg)
     with get_task_stream(client) as ts:

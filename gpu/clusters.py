@@ -16,9 +16,20 @@ import copy
 import os
 from typing import Any
 
-__all__ = ["cluster", "gpu_count", "share_workers"]
+__all__ = ["cluster", "default_workers", "gpu_count", "share_workers"]
 
 _PROTOCOLS = {None: None, "tcp": "tcp", "ucx": "ucxx", "ucxx": "ucxx"}
+
+
+def default_workers() -> int:
+    """A local cluster's worker count when none is given (``graph.connect``'s embedded cluster,
+    ``gpu.cluster`` without GPUs, a run's memory plan): one single-threaded worker process per
+    core, at most four.
+
+    >>> 1 <= default_workers() <= 4
+    True
+    """
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def gpu_count() -> int:
@@ -82,7 +93,7 @@ def cluster(
         use_gpu = gpus > 0
     common: dict[str, Any] = dict(dashboard_address=dashboard_address, **kwargs)
     slots = gpus * workers_per_gpu
-    n = (min(n_workers or slots, slots) if use_gpu else n_workers or max(1, min(4, os.cpu_count() or 1))) or 1
+    n = (min(n_workers or slots, slots) if use_gpu else n_workers or default_workers()) or 1
     if memory_budget is not None:
         common["memory_limit"] = _share(memory_budget, n)
     if device_memory_budget is not None:

@@ -102,7 +102,7 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
     from distributed import Event, Queue, Variable, get_client
 
-    from .worker import current_worker
+    from .worker import current_worker, task_cancelled
 
     began = time.perf_counter()
     worker = current_worker()
@@ -123,7 +123,7 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
             if deadline is not None and time.monotonic() > deadline:
                 raise GangError(f"gang {name}: rank {rank} waited {admission_timeout:g} s for "
                                 "the other members to start", rank=rank, worker=worker.address)
-            if _cancelled():
+            if task_cancelled():  # its client left, or the run cancelled it
                 raise GangError(f"gang {name}: rank {rank} was cancelled before the gang started",
                                 rank=rank, worker=worker.address)
         try:
@@ -145,17 +145,6 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
             raise
     finally:
         coll.close()
-
-
-def _cancelled() -> bool:
-    """Whether the scheduler no longer wants this task (its client left, or it was cancelled)."""
-    from .worker import current_task, current_worker
-
-    key = current_task()
-    if key is None:
-        return False
-    ts = current_worker().state.tasks.get(key)
-    return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
 # ----------------------------------------------------------------------------- client side

@@ -95,20 +95,13 @@ def members_memo_key(model: Callable, data: Any, shared: Mapping, members: int) 
     >>> members_memo_key(mlp, data, {"batch_size": 4}, 6) == members_memo_key(mlp, data, {"batch_size": 8}, 6)
     False
     """
-    from dask.base import tokenize
-
-    from dask.tokenize import TokenizationError
-
-    from .training import _as_data, _deterministic_tokens
+    from .training import _as_data, memo_key
 
     try:
         d = _as_data(data)
-        with _deterministic_tokens():
-            token = tokenize(model, sorted(shared.items()), members, tuple(d.x_train.shape), str(d.x_train.dtype),
-                             str(d.x_train.device), len(d.x_test))
-    except (TokenizationError, ValueError):  # no deterministic token, or data train refuses: nothing memoized
+    except ValueError:  # data train refuses: nothing memoized
         return None
-    return ["quiver", "members-auto", token]
+    return memo_key("members-auto", model, d, sorted(shared.items()), members)
 
 
 def _member_config(params: Mapping, shared: Mapping) -> TrainConfig:

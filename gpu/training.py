@@ -503,25 +503,37 @@ def _replicas_memo_key(model: Callable, data: Any, cfg: TrainConfig, size: int) 
     (the model, the data's shapes, batch size, sync period, tuner settings, the number of workers),
     and nothing it does not (learning rate, epochs, seed...). ``None`` when the model has no
     deterministic token (then every run tunes)."""
+    return memo_key("replicas-auto", model, data, cfg.batch_size, cfg.sync_every, cfg.max_replicas,
+                    cfg.tune_threshold, cfg.tune_steps, cfg.partitions, cfg.algorithm, size)
+
+
+def memo_key(kind: str, model: Callable, data: Any, *settings: Any) -> list[str] | None:
+    """The scheduler metadata key (``["quiver", kind, token]``) a tuned choice is remembered under:
+    a token of the model, ``settings`` and the data's fingerprint (train shape, dtype, device and
+    test length: what a tuned count depends on, not the values). ``None`` when the model has no
+    deterministic token (then every run tunes). The one owner of that fingerprint: a tuned
+    replica count (``gpu.train``) and a packed task's member count (``gpu.packing``) use it.
+
+    >>> import functools, torch, gpu
+    >>> data = gpu.DataSplit(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long), torch.zeros(2, 4),
+    ...                      torch.zeros(2, dtype=torch.long))
+    >>> mlp = functools.partial(gpu.MLP, 4, 2)
+    >>> memo_key("k", mlp, data, 4) == memo_key("k", mlp, data, 4) != memo_key("k", mlp, data, 8)
+    True
+    >>> memo_key("k", object(), data, 4) is None          # no deterministic token: nothing remembered
+    True
+    """
+    import dask
     from dask.base import tokenize
     from dask.tokenize import TokenizationError
 
+    fingerprint = (tuple(data.x_train.shape), str(data.x_train.dtype), str(data.x_train.device), len(data.x_test))
     try:
-        with _deterministic_tokens():
-            token = tokenize(
-                model, cfg.batch_size, cfg.sync_every, cfg.max_replicas, cfg.tune_threshold, cfg.tune_steps,
-                cfg.partitions, cfg.algorithm, size, tuple(data.x_train.shape), str(data.x_train.dtype),
-                str(data.x_train.device), len(data.x_test),
-            )
-    except TokenizationError:  # the model has no deterministic token: every run tunes
+        with dask.config.set({"tokenize.ensure-deterministic": True}):
+            token = tokenize(model, *settings, fingerprint)
+    except TokenizationError:
         return None
-    return ["quiver", "replicas-auto", token]
-
-
-def _deterministic_tokens():
-    import dask
-
-    return dask.config.set({"tokenize.ensure-deterministic": True})
+    return ["quiver", kind, token]
 
 
 def _count(overheads: dict, timings: dict) -> None:

@@ -15,13 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client, LocalCluster
+from gpu.clusters import default_workers
 
-__all__ = ["connect", "default_workers", "workers_skip_main"]
-
-
-def default_workers() -> int:
-    """One single-threaded worker process per core, at most four."""
-    return max(1, min(4, os.cpu_count() or 1))
+__all__ = ["connect", "workers_skip_main"]
 
 
 _skip_main_lock = threading.Lock()

@@ -20,7 +20,6 @@ branch that *could* be kept; the executor submits only those actually kept.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +28,12 @@ from dask.task_spec import Task, TaskRef
 
 from .collections import is_lazy_marked
 from .errors import PipelineError
-from .iterative import Pruned, is_iterative, iterative_task
+from .iterative import is_iterative, iterative_task
 from .plainvalues import PlainStep
 from .keys import TokenizationError, metric_key, step_key
 from .scalars import scalar_entries
 from .shipping import shippable
+from .state.metric import extract_metric
 from .spec import (
     Call,
     ChooseSpec,
@@ -52,8 +52,6 @@ __all__ = [
     "CompiledPipeline",
     "compile_spec",
     "dependents_of",
-    "extract_metric",
-    "metric_failure_cause",
     "params_token",
     "scalar_entries",
 ]
@@ -128,7 +126,7 @@ class CompiledPipeline:
     #: a failed partition names its step in the table, not the Dask layer it came from
     step_of: dict = field(default_factory=dict)
     #: graph/packing.py (``run(pack=True)``): packed task -> its group's member keys, the groups'
-    #: claim tables (graph/claims.py), and packed task -> the worker thread it is placed on
+    #: claim tables (graph/packing.py, their rule graph/state/claims.py), and packed task -> the worker thread it is placed on
     packed: dict = field(default_factory=dict)
     claim_tables: list = field(default_factory=list)
     placement: dict = field(default_factory=dict)
@@ -166,60 +164,6 @@ class CompiledPipeline:
             f"{self.unique_tasks} unique tasks ({self.naive_tasks} naive), "
             f"{len(self.chooses)} choose point(s)>"
         )
-
-
-def metric_failure_cause(error: str | None) -> str:
-    """The reason a metric read failed, without what differs from branch to branch (which
-    values, which keys), so that two branches failing alike give the same cause.
-
-    >>> metric_failure_cause("KeyError: choose('acc'): the step's output has no key 'acc' (keys: ['x'])")
-    "the step's output has no key 'acc'"
-    >>> metric_failure_cause("TypeError: choose('x'): metric 'x' must be a real number, got str 'abc'")
-    "the metric 'x' is not a number"
-    >>> metric_failure_cause("ZeroDivisionError: division by zero")
-    'ZeroDivisionError: division by zero'
-    """
-    text = error or ""
-    if "which must be a mapping" in text:
-        return "the step's output is not a mapping"
-    found = re.search(r"has no key ('[^']*'|\S+) \(keys:", text)
-    if found:
-        return f"the step's output has no key {found.group(1)}"
-    found = re.search(r"metric ('[^']*'|\S+) must be a real number", text)
-    if found:
-        return f"the metric {found.group(1)} is not a number"
-    return text.splitlines()[0] if text else ""
-
-
-def extract_metric(value: Any, metric: Any, where: str) -> tuple[float, dict[str, Any]]:
-    """Read a choose metric off a step's output (runs on a worker), with the output's
-    scalar entries so the table can show every branch's figures without moving its value.
-
-    A step a pruning choose stopped (``graph.iterative.Pruned``) gives NaN quietly: the run
-    cancelled this read when it stopped the step, but the cancel travels on the client's
-    batched stream and may reach the scheduler after the step returned; nothing reads it."""
-    if isinstance(value, Pruned):
-        return float("nan"), {}
-    if callable(metric):
-        raw = metric(value)
-    else:
-        if not isinstance(value, Mapping):
-            raise TypeError(
-                f"{where}: the metric {metric!r} is read from the step's output, which must be a "
-                f"mapping (e.g. a dict with key {metric!r}); the step returned "
-                f"{type(value).__name__}. Return a dict, or pass a callable metric."
-            )
-        if metric not in value:
-            raise KeyError(
-                f"{where}: the step's output has no key {metric!r} (keys: {sorted(map(str, value))})"
-            )
-        raw = value[metric]
-    try:
-        return float(raw), scalar_entries(value)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{where}: metric {metric!r} must be a real number, got {type(raw).__name__} {raw!r}"
-        ) from None
 
 
 class _Compiler:

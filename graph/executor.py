@@ -433,7 +433,8 @@ def execute(
     Every wait for the scheduler is bounded (docs/architecture.md §4, "Bounded waits"): the
     run's calls end when the watchdog aborts, its clean-up within ``CLEANUP_SECONDS``.
     """
-    from .watchdog import Sampler, stall_seconds
+    from .state.watchdog import stall_seconds
+    from .watchdog import Sampler
 
     if order not in ("depth-first", "dask"):
         raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")

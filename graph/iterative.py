@@ -59,13 +59,13 @@ from typing import Any
 
 from .scalars import scalar_entries
 from .spec import PruneSpec, fn_name
+from .state.halving import Pruned
 
 __all__ = [
     "REPORT_TOPIC",
     "CONTINUE",
     "STOP",
     "Iterative",
-    "Pruned",
     "ReportChannel",
     "gate_name",
     "is_iterative",
@@ -107,14 +107,6 @@ def gate_name(key: str, iteration: int) -> str:
     return f"quiver-gate-{key}-{iteration}"
 
 
-@dataclass(frozen=True)
-class Pruned:
-    """What a stopped iterative step returns: the run recognises it (status ``pruned``)."""
-
-    iterations: int
-    last: Mapping | None
-
-
 def _scalars(report: Mapping) -> dict:
     return scalar_entries(report)  # the one owner of "small scalar entries"
 
@@ -149,10 +141,9 @@ class _Task:
 
     def cancelled(self) -> bool:
         """True once the run released this task (Dask marks it cancelled while it executes)."""
-        if not self.live:
-            return False
-        ts = self.worker.state.tasks.get(self.key)
-        return ts is None or ts.state in ("cancelled", "released", "forgotten")
+        from gpu.worker import task_cancelled
+
+        return self.live and task_cancelled(self.worker, self.key)
 
     def answer(self, iteration: int) -> str:
         """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled)."""
@@ -192,6 +183,9 @@ class Iterative:
     """
 
     __slots__ = ("fn", "prune", "__name__")
+    #: how the state machine (``graph.state.machine``, which imports no module that talks to a
+    #: cluster, so not this one) tells that a compiled task reports as it runs
+    __quiver_iterative_task__ = True
 
     def __init__(self, fn: Callable, prune: PruneSpec | None = None):
         self.fn = fn

@@ -14,7 +14,7 @@ A run turns packing off with ``run(..., pack=False)``.
 
 **What replaces them.** A group becomes ``min(worker threads, members)`` *packed tasks*,
 each running :func:`packed_train`: a :class:`gpu.PackedTrainer` over the members it **claims
-at run time** from the group's claim table (:mod:`graph.claims`): one when it starts, then as
+at run time** from the group's claim table (the rule: :mod:`graph.state.claims`; the table: :func:`claim_on_scheduler`): one when it starts, then as
 many as Crossbow's rule lets it train at once (``active="auto"``), and more whenever a member
 leaves it, so no packed task idles while a member of its group waits. Each member's key keeps
 its place in the graph, now holding a tiny task (:func:`member_value`) that picks the member's
@@ -52,10 +52,21 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .iterative import STOP, Iterative, Pruned, _Task
+from .iterative import STOP, Iterative, _Task
 from .spec import PruneSpec
+from .state.claims import claim, progress
+from .state.halving import Pruned
 
-__all__ = ["IGNORED_PARAMS", "pack_compiled", "packable_groups", "packed_train", "member_value"]
+__all__ = [
+    "IGNORED_PARAMS",
+    "claim_on_scheduler",
+    "forget_claims",
+    "member_value",
+    "pack_compiled",
+    "packable_groups",
+    "packed_train",
+    "takeovers_on_scheduler",
+]
 
 #: ``gpu.train`` arguments that do not change what is trained: packed members may differ in them.
 IGNORED_PARAMS = ("workers", "max_restarts", "timeout", "max_replicas")
@@ -72,6 +83,18 @@ def _train_fn(fn: Any) -> tuple[Any, PruneSpec | None] | None:
     return fn, prune
 
 
+def _split(kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+    """A ``gpu.train`` task's arguments as ``(shared, member)``: what every member of a packed
+    group must agree on, and what each member sets for itself (``gpu.packing.MEMBER_PARAMS``);
+    :data:`IGNORED_PARAMS` are in neither."""
+    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
+    # an exploration of scikit-learn steps never imports torch for packing's sake
+    from gpu.packing import MEMBER_PARAMS
+
+    shared = {k: v for k, v in kwargs.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    return shared, {k: v for k, v in kwargs.items() if k in MEMBER_PARAMS}
+
+
 def _signature(task: Any) -> str | None:
     """What members of one packed group share (``None``: the task cannot be packed)."""
     from dask.task_spec import TaskRef
@@ -82,10 +105,6 @@ def _signature(task: Any) -> str | None:
     found = _train_fn(func)
     if found is None or len(task.args) != 1 or not isinstance(task.args[0], TaskRef):
         return None
-    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
-    # an exploration of scikit-learn steps never imports torch for packing's sake
-    from gpu.packing import MEMBER_PARAMS
-
     from .keys import step_key
 
     kw = task.kwargs
@@ -93,7 +112,7 @@ def _signature(task: Any) -> str | None:
     if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")
             or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
         return None
-    shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
+    shared, _ = _split(kw)
     from dask.tokenize import TokenizationError
 
     try:
@@ -134,8 +153,8 @@ class _MemberTask(_Task):
 
 
 def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon: dict) -> Any:
-    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.claims.progress`
-    (what it has trained, what it lost to a take-over) and :func:`graph.claims.claim` on the
+    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.state.claims.progress`
+    (what it has trained, what it lost to a take-over) and :func:`graph.state.claims.claim` on the
     group's table on the scheduler, one round trip, inside a run; every member at once otherwise."""
     if claims is None or pack.worker is None:
         left = list(order)
@@ -148,7 +167,6 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
         return take
     from distributed import get_client
 
-    from .claims import claim_on_scheduler
 
     client = get_client()
 
@@ -177,7 +195,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     rungs, drop members answered ``"stop"``. Returns ``{member key: result or Pruned}`` for the
     members it trained.
 
-    ``claims``: the name of the group's claim table (``graph.claims``; ``packs``: the group's
+    ``claims``: the name of the group's claim table (``graph.state.claims``; ``packs``: the group's
     packed task keys): the task claims members as it has places (at its start and whenever a
     member leaves), takes one over from a busier pack of its group when it would otherwise end
     idle, and drops a member another pack took over; so the group's packed tasks share its
@@ -280,8 +298,6 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
     run time) and the member tasks that replace the packable ones."""
     from dask.task_spec import Task, TaskRef
 
-    from gpu.packing import MEMBER_PARAMS
-
     from .keys import step_key
 
     prunes = {}
@@ -295,8 +311,8 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
         first = compiled.graph[keys[0]]
         kw = dict(first.kwargs)
         model = kw.pop("model")
-        shared = {k: v for k, v in kw.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
-        members = {k: {p: v for p, v in compiled.graph[k].kwargs.items() if p in MEMBER_PARAMS} for k in keys}
+        shared, _ = _split(kw)
+        members = {k: _split(compiled.graph[k].kwargs)[1] for k in keys}
         member_prunes = {k: prunes.get(k, _train_fn(compiled.graph[k].func)[1]) for k in keys}
         data = first.args[0]
         packs = [step_key(packed_train, {"members": tuple(keys), "pack": i}, (data.key,))
@@ -340,7 +356,7 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
                   workers: list[str] | None = None) -> Any:
     """``compiled`` with its packable ``gpu.train`` tasks packed (in place, also returned):
     each group becomes at most ``slots`` packed tasks (the cluster's worker threads; default:
-    ``len(workers)``) that claim its members at run time from the claim table ``f"{run}-{group}"`` (``graph.claims``; ``run``:
+    ``len(workers)``) that claim its members at run time from the claim table ``f"{run}-{group}"`` (``graph.state.claims``; ``run``:
     a name unique to this run, a fresh one by default). ``compiled.packed``: ``{packed task:
     its group's member keys}``; ``compiled.claim_tables``: the tables' names;
     ``compiled.placement``: ``{packed task: worker}`` from ``workers`` (one address per worker
@@ -380,3 +396,33 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
             groups_of_packs.append(packs)
     compiled.placement = place_packs(groups_of_packs, list(workers or []))
     return compiled
+
+
+# the claim table on the scheduler (the rule itself: graph.state.claims)
+
+
+def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping | None = None,
+                       done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
+    """:func:`graph.state.claims.progress` (when ``made`` is given) then :func:`graph.state.claims.claim` on the table ``name`` in the
+    scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
+    event loop: no two calls interleave). Returns ``(lost, claimed)``: one round trip per epoch."""
+    keys = ["quiver", "claims", name]
+    table = dask_scheduler.get_metadata(keys=keys, default=None)
+    if table is None:
+        table = {}
+        dask_scheduler.set_metadata(keys=keys, value=table)
+    lost = progress(table, kwargs["pack"], made, done) if made is not None else []
+    return lost, claim(table, **kwargs)
+
+
+def takeovers_on_scheduler(dask_scheduler: Any = None, *, names: Sequence[str]) -> int:
+    """How many members were taken over in the tables ``names`` (a run's ``stats["packed_takeovers"]``)."""
+    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
+    return sum(len(tables.get(n, {}).get("takeovers", ())) for n in names)
+
+
+def forget_claims(dask_scheduler: Any = None, *, names: Sequence[str]) -> None:
+    """Drop the tables ``names`` (a run's, when it ends)."""
+    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
+    for n in names:
+        tables.pop(n, None)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .keys import step_name
+from .wrappers import layers
 
 __all__ = ["RerunRefused", "RunOnce", "is_rerun_safe", "not_rerunnable", "once_name"]
 
@@ -48,14 +49,7 @@ def not_rerunnable(fn: Callable) -> Callable:
 
 def is_rerun_safe(fn: Callable) -> bool:
     """``False`` for a step marked :func:`not_rerunnable` (also through ``ByValue``/store wrappers)."""
-    for _ in range(16):
-        if getattr(fn, "__quiver_rerun_safe__", True) is False:
-            return False
-        inner = getattr(fn, "fn", None) or getattr(fn, "func", None)
-        if inner is None or inner is fn:
-            return True
-        fn = inner
-    return True
+    return all(getattr(f, "__quiver_rerun_safe__", True) is not False for f in layers(fn))
 
 
 def once_name(run_id: str, key: str) -> str:

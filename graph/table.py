@@ -14,30 +14,14 @@ run is iterative.  ``table.attrs["history"]`` (``Result.history``) lists each ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from .compiler import Branch, CompiledPipeline, scalar_entries
-from .ranking import sort_key
+from .compiler import CompiledPipeline, scalar_entries
+from .state.ranking import sort_key
 from .spec import fn_name
+from .state.rows import RowState
 
-__all__ = ["History", "RowState", "build_table"]
-
-
-@dataclass
-class RowState:
-    branch: Branch
-    status: str
-    chosen: bool
-    metrics: list  # [(choose index, metric or None)]
-    error: str | None = None
-    traceback: str | None = None
-    failed_step: str | None = None
-    has_value: bool = False
-    scalars: dict = field(default_factory=dict)
-    iterations: int | None = None  # reports its iterative steps made (None: the run has no iterative step)
-    history: list = field(default_factory=list)  # those reports (dicts of their scalar entries)
-    pruned_at: int | None = None  # the iteration a pruning choose stopped it at
+__all__ = ["History", "build_table"]
 
 
 class History(list):

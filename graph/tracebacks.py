@@ -19,40 +19,31 @@ ZeroDivisionError: division by zero
 
 from __future__ import annotations
 
-import functools
 import linecache
 import re
 import types
 from typing import Any, Iterable
+
+from .wrappers import innermost
 
 __all__ = ["step_functions", "code_files", "restore", "restore_table"]
 
 _FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)\s*$')
 
 
-def _unwrap(obj: Any) -> Any:
-    while True:
-        if type(obj).__name__ in ("ByValue", "PlainStep"):
-            obj = obj.fn
-        elif isinstance(obj, functools.partial):
-            obj = obj.func
-        else:
-            return obj
-
-
 def step_functions(compiled: Any) -> list:
-    """Every distinct function a compiled run calls: each task's (unwrapped from ``ByValue``
+    """Every distinct function a compiled run calls: each task's (unwrapped: ``graph.wrappers``
     and ``functools.partial``), and the functions and classes its globals name (one level:
     helpers of the step's own module)."""
     out, seen = [], set()
     tasks = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
     for task in tasks:
-        fn = _unwrap(getattr(task, "func", None))
+        fn = innermost(getattr(task, "func", None))
         todo = [fn]
         code = getattr(fn, "__code__", None)
         if code is not None:
             glb = getattr(fn, "__globals__", {}) or {}
-            todo += [_unwrap(glb[n]) for n in code.co_names if callable(glb.get(n)) and not isinstance(glb.get(n), types.ModuleType)]
+            todo += [innermost(glb[n]) for n in code.co_names if callable(glb.get(n)) and not isinstance(glb.get(n), types.ModuleType)]
         for f in todo:
             if f is not None and id(f) not in seen:
                 seen.add(id(f))

@@ -39,7 +39,7 @@ from typing import Any
 from dask.task_spec import Task
 
 from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
-from .iterative import Pruned
+from .state.halving import Pruned
 from .rerun import RunOnce, is_rerun_safe, once_name
 from .store import ResultStore, load_stored, write_result
 

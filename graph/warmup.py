@@ -24,31 +24,19 @@ the cluster part one bounded call (:func:`warm_workers`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import types
 from collections.abc import Iterable
 from typing import Any
 
+from .wrappers import innermost
+
 __all__ = ["imported_by_warmup", "step_modules", "warm_workers"]
 
 logger = logging.getLogger(__name__)
 
 _SKIP = {"__main__", "builtins", "__mp_main__"}
-
-
-def _unwrap(fn: Any) -> Any:
-    """The user's function inside Quiver's wrappers (``graph``'s callables that keep it as
-    ``.fn``: ``ByValue``, ``Iterative``, ``PlainStep``) and partials."""
-    for _ in range(8):
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif type(fn).__module__.startswith("graph.") and hasattr(fn, "fn"):  # ByValue, Iterative, PlainStep
-            fn = fn.fn
-        else:
-            break
-    return fn
 
 
 def _named(fn: Any) -> set[str]:
@@ -64,7 +52,7 @@ def _named(fn: Any) -> set[str]:
         if isinstance(obj, types.ModuleType):
             found.add(obj.__name__)
         elif callable(obj):
-            owner = getattr(_unwrap(obj), "__module__", None)
+            owner = getattr(innermost(obj), "__module__", None)
             if isinstance(owner, str):
                 found.add(owner)
     return found
@@ -76,7 +64,7 @@ def step_modules(compiled: Any) -> list[str]:
     found: set[str] = set()
     tasks: Iterable = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
     for task in tasks:
-        fn = _unwrap(getattr(task, "func", None))
+        fn = innermost(getattr(task, "func", None))
         if fn is not None:
             found |= _named(fn)
     return sorted(m for m in found if m not in _SKIP and not m.startswith("<"))

@@ -204,7 +204,7 @@ def sorted_by_metric(table, compiled):
     import math
     import numbers
 
-    from graph.ranking import sort_key
+    from graph.state.ranking import sort_key
 
     def key(i):
         v = table.at[i, metric]

@@ -8,6 +8,7 @@ from .result import Result
 
 __all__ = ["run_node"]
 
+
 def run_node(
     node: Any,
     client: Any = None,
@@ -28,56 +29,19 @@ def run_node(
     pack: bool = True,
     compute_value: bool = False,
 ) -> Result:
+    """Run ``node``'s exploration: refuse bad options and definitions before a cluster starts,
+    then connect, prepare the cluster, execute, and wrap the record in a :class:`Result`."""
+    import contextlib
+    import time
+
     import graph
     from graph.cluster import connect
     from graph.executor import execute
     from graph.tracebacks import restore_table
 
-    from graph.watchdog import stall_seconds
-
-    try:  # one meaning (graph.watchdog.stall_seconds), refused before a cluster starts
-        stall_seconds(stall_timeout)
-    except ValueError as exc:
-        raise graph.PipelineError(str(exc)) from None
-    if order not in ("depth-first", "dask"):
-        raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
-    if on_metric_error not in ("stop", "continue"):
-        raise graph.PipelineError(
-            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
-            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
-        )
-    if not isinstance(pack, bool):
-        raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
-    import time
-
+    _check_options(stall_timeout, order, on_metric_error, pack)
     clock = time.perf_counter()
-    compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
-    if store is not None:  # a bad store path is refused before a cluster starts
-        from graph.store import ResultStore
-
-        try:
-            store = ResultStore(store)
-        except (ValueError, OSError) as exc:
-            raise graph.PipelineError(f"store: {exc}") from None
-    from .preflight import check_run  # bad options or unpicklable steps: refused before a cluster starts
-
-    check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
-    if memory_budget is not None:  # a bad budget, or a step hinted too big, fails before a cluster starts
-        from graph.memory.plan import plan_memory
-        from graph.memory.sizes import parse_bytes
-
-        try:
-            parse_bytes(memory_budget)
-            if disk_bandwidth is not None:
-                parse_bytes(disk_bandwidth, "disk_bandwidth")
-        except ValueError as exc:
-            raise graph.PipelineError(str(exc)) from None
-        if client is None:
-            from graph.cluster import default_workers
-
-            plan_memory(compiled, memory_budget, workers=workers or default_workers())
-    import contextlib
-
+    compiled, store = _prepare(node, client, store, memory_budget, disk_bandwidth, workers, threads_per_worker)
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}
     with contextlib.ExitStack() as stack:
@@ -92,14 +56,8 @@ def run_node(
             info=cluster_info,
         ))
         cluster_seconds = time.perf_counter() - clock
-        from graph.warmup import step_modules, warm_workers
-
-        warm_workers(c, step_modules(compiled))  # every worker imports the steps' modules now, all at once
-        if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
-            from graph.packing import pack_compiled
-
-            threads = c.nthreads()  # one packed task per worker thread, each placed on its own
-            pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
+        _ready_cluster(c, compiled, pack)
+        takeovers = None
         try:
             record = execute(
                 compiled,
@@ -120,14 +78,7 @@ def run_node(
             restore_table(exc.table, compiled)
             raise
         finally:
-            takeovers = None
-            if compiled.claim_tables:  # graph.claims: the packed tasks' tables, done with
-                from graph.claims import forget_claims, takeovers_on_scheduler
-
-                with contextlib.suppress(Exception):
-                    takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
-                with contextlib.suppress(Exception):
-                    c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
+            takeovers = _forget_claims(c, compiled)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
@@ -137,20 +88,11 @@ def run_node(
     record.stats["compile_seconds"] = compile_seconds
     record.stats["cluster"] = cluster_info.get("cluster")
     record.stats["cluster_seconds"] = cluster_seconds
-    packed = compiled.packed
-    if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
-        record.stats["packed_groups"] = len(packed)
-        record.stats["packed_branches"] = len({k for m in packed.values() for k in m})
-        if takeovers is not None:  # members an idle packed task took over from a busier one
-            record.stats["packed_takeovers"] = takeovers
+    _packing_stats(record.stats, compiled, takeovers)
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
-    if record.single:
-        value = record.values[0] if record.values else None
-    else:
-        value = record.values
     return Result(
         table=record.table,
-        value=value,
+        value=(record.values[0] if record.values else None) if record.single else record.values,
         values=record.values,
         stats=record.stats,
         compiled=compiled,
@@ -158,3 +100,99 @@ def run_node(
         client=c if distributed else None,
         _close=close,
     )
+
+
+def _check_options(stall_timeout: Any, order: Any, on_metric_error: Any, pack: Any) -> None:
+    """Refuse a bad run option with a ``PipelineError`` that names the fix (before any work)."""
+    import graph
+    from graph.state.watchdog import stall_seconds
+
+    try:  # one meaning (graph.state.watchdog.stall_seconds), refused before a cluster starts
+        stall_seconds(stall_timeout)
+    except ValueError as exc:
+        raise graph.PipelineError(str(exc)) from None
+    if order not in ("depth-first", "dask"):
+        raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
+    if on_metric_error not in ("stop", "continue"):
+        raise graph.PipelineError(
+            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
+            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
+        )
+    if not isinstance(pack, bool):
+        raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
+
+
+def _prepare(node: Any, client: Any, store: Any, memory_budget: Any, disk_bandwidth: Any,
+             workers: int | None, threads_per_worker: int) -> tuple[Any, Any]:
+    """``(compiled, store)``: compile, open the store, check the run and plan its memory, so
+    definition errors, a bad store path or budget, and unpicklable steps fail before a cluster starts."""
+    import graph
+
+    compiled = graph.compile(node)
+    if store is not None:
+        from graph.store import ResultStore
+
+        try:
+            store = ResultStore(store)
+        except (ValueError, OSError) as exc:
+            raise graph.PipelineError(f"store: {exc}") from None
+    from .preflight import check_run
+
+    check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
+    if memory_budget is not None:  # a bad budget, or a step hinted too big
+        from graph.memory.plan import plan_memory
+        from graph.memory.sizes import parse_bytes
+
+        try:
+            parse_bytes(memory_budget)
+            if disk_bandwidth is not None:
+                parse_bytes(disk_bandwidth, "disk_bandwidth")
+        except ValueError as exc:
+            raise graph.PipelineError(str(exc)) from None
+        if client is None:
+            from gpu.clusters import default_workers
+
+            plan_memory(compiled, memory_budget, workers=workers or default_workers())
+    return compiled, store
+
+
+def _ready_cluster(c: Any, compiled: Any, pack: bool) -> None:
+    """Every worker imports the steps' modules now, all at once; then ``gpu.train`` branches that
+    can share a worker are packed into groups (docs/architecture.md §7.3), one packed task per
+    worker thread, each placed on its own."""
+    from graph.warmup import step_modules, warm_workers
+
+    warm_workers(c, step_modules(compiled))
+    if pack:
+        from graph.packing import pack_compiled
+
+        threads = c.nthreads()
+        pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
+
+
+def _forget_claims(c: Any, compiled: Any) -> int | None:
+    """Drop the packed tasks' claim tables (``graph.packing``) from the scheduler, done with;
+    returns how many members were taken over (``None``: no tables, or the scheduler did not say)."""
+    if not compiled.claim_tables:
+        return None
+    import contextlib
+
+    from graph.packing import forget_claims, takeovers_on_scheduler
+
+    takeovers = None
+    with contextlib.suppress(Exception):
+        takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
+    with contextlib.suppress(Exception):
+        c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
+    return takeovers
+
+
+def _packing_stats(stats: dict, compiled: Any, takeovers: int | None) -> None:
+    """Packed tasks (one stacked group each), the branches they trained, and members an idle
+    packed task took over from a busier one (``graph.packing``)."""
+    packed = compiled.packed
+    if packed:
+        stats["packed_groups"] = len(packed)
+        stats["packed_branches"] = len({k for m in packed.values() for k in m})
+        if takeovers is not None:
+            stats["packed_takeovers"] = takeovers

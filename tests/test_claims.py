@@ -1,4 +1,4 @@
-"""Which packed task trains which member (graph/claims.py, docs/architecture.md §7.3): the pure
+"""Which packed task trains which member (graph/state/claims.py, docs/architecture.md §7.3): the pure
 claim rule with literal inputs and hypothesis; a real cluster's packed runs are in test_packing.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.claims import claim, progress
+from graph.state.claims import claim, progress
 
 ORDER = ["a", "b", "c", "d", "e"]
 PACKS = ["p0", "p1"]

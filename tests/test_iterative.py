@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from graph.iterative import Iterative, Pruned, ReportChannel
-from graph.pruning import Halving, Stop
+from graph.iterative import Iterative, ReportChannel
+from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 
 WAIT = 120  # seconds before a test gives up waiting for an event (a hang, not a timing check)

@@ -157,3 +157,56 @@ def test_imports_load_no_heavy_library_nobody_asked_for():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[] []"
+
+
+def talks_to_cluster(path: Path) -> bool:
+    """A module that imports ``distributed`` (at the top or inside a function): it talks to a
+    cluster (a client, a worker, the scheduler), so it is I/O, not a pure rule."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "distributed" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "distributed":
+            return True
+    return False
+
+
+def _graph_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / "graph").rglob("*.py")}
+
+
+def test_the_state_machine_and_its_rules_import_nothing_that_talks_to_a_cluster():
+    """docs/architecture.md §1: the pure rules (graph/state/) import no module that talks to a
+    cluster, directly or through another project module: the run's I/O sits apart from them."""
+    paths = _graph_modules()
+    modules = set(paths)
+    edges = {name: module_imports(path, modules) for name, path in paths.items()}
+    state = sorted(n for n in modules if n == "graph.state" or n.startswith("graph.state."))
+    assert "graph.state.machine" in state
+    for name in state:
+        assert not talks_to_cluster(paths[name]), f"{name} imports distributed: move the I/O out of graph/state/"
+        seen, todo = set(), [name]
+        while todo:  # everything it imports, transitively
+            for dep in edges[todo.pop()] - seen:
+                seen.add(dep)
+                todo.append(dep)
+        wrong = sorted(d for d in seen if talks_to_cluster(paths[d]))
+        assert not wrong, (
+            f"{name} imports {wrong} (directly or through other modules), which talk to a cluster: "
+            "keep the pure rule in graph/state/ and let the I/O module import it"
+        )
+
+
+def test_the_cluster_check_sees_a_lazy_distributed_import(tmp_path):
+    (tmp_path / "io.py").write_text("def f():\n    from distributed import get_client\n")
+    (tmp_path / "pure.py").write_text("import dask.utils\nfrom .io import f\n")
+    assert talks_to_cluster(tmp_path / "io.py") and not talks_to_cluster(tmp_path / "pure.py")
+
+
+def test_the_state_package_loads_no_cluster_code():
+    code = (
+        "import sys, importlib, pkgutil, graph.state\n"
+        "for m in pkgutil.iter_modules(graph.state.__path__): importlib.import_module('graph.state.' + m.name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('distributed', 'pandas', 'torch')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import gpu
 import pipelines
 from gpu.packing import PackedTrainer, tune_members
-from graph.iterative import Pruned, ReportChannel
+from graph.iterative import ReportChannel
 from graph.packing import pack_compiled, packable_groups, packed_train
-from graph.pruning import Halving, Stop
+from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, grid
 
@@ -282,7 +282,7 @@ def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
     assert "packed_groups" not in alone.stats
 
 def test_packed_tasks_claim_members_at_run_time(client, digits):
-    """A group's packed tasks share its members through one claim table (graph/claims.py): a
+    """A group's packed tasks share its members through one claim table (graph/state/claims.py): a
     pack alone trains every member, one at a time, though its fair share was half (static
     dealing gave it two); a pack starting after it finds nothing left and ends at once. Run
     together, the two take every member exactly once."""
@@ -313,7 +313,7 @@ def _import_packing():
 
 def test_an_idle_packed_task_takes_a_member_over_and_replays_it(client, digits):
     """A packed task that starts when its group's other packed task holds every member takes one
-    over (graph/claims.py: the least trained, replayed from its seed); the other drops it at its
+    over (graph/state/claims.py: the least trained, replayed from its seed); the other drops it at its
     next epoch. Each member ends in exactly one result, with its solo run's curve; every
     iteration reaches the run once although the taken member's first ones were sent twice."""
     members = {"t-a": dict(lr=0.05, seed=0), "t-b": dict(lr=0.2, seed=1, momentum=0.5)}
@@ -356,7 +356,7 @@ def test_an_idle_packed_task_takes_a_member_over_and_replays_it(client, digits):
 
 def test_a_worker_killed_during_a_packed_pruning_exploration(tmp_path):
     """SIGKILL the worker whose packed task has just reported: Dask reruns that packed task,
-    which takes back the members it had claimed (graph/claims.py) and retrains them from their
+    which takes back the members it had claimed (graph/state/claims.py) and retrains them from their
     seeds; their replayed reports are not counted again, the rule holds on the run's arrivals,
     every branch's history runs 1..n once and equals a prefix of its run alone, and the chosen
     branch is the best of those that finished."""

@@ -1,16 +1,21 @@
-"""Placement: which results are shared and which workers fetch a copy (pure, literal inputs and
+"""Placement (benchmarks/placement.py, what benchmarks/explore_vs_naive.py's variant a' installs): which results are shared and which workers fetch a copy (pure, literal inputs and
 hypothesis), and the scheduler plugin on a real cluster: the copies really appear."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import graph
-from graph.placement import ReplicateShared, install, remove, replica_targets, shared_results
 from pipelines import Pipeline, grid
 from tests import steps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # as the benchmark runs
+from placement import ReplicateShared, install, remove, replica_targets, shared_results  # noqa: E402
 
 
 def test_shared_results_counts_distinct_consumers():

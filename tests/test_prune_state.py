@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graph.iterative import Iterative, Pruned
+from graph.iterative import Iterative
+from graph.state.halving import Pruned
 from graph.state import (
     Answer,
     Cancel,
@@ -266,7 +267,7 @@ def test_a_pruned_step_stores_nothing(tmp_path):
 def test_a_metric_read_of_a_stopped_step_is_a_quiet_nan():
     """The run cancels it when it stops the step, but a cancel may reach the scheduler after
     the step returned: the read must not log a failure on the worker (nothing reads it)."""
-    from graph.compiler import extract_metric
+    from graph.state.metric import extract_metric
 
     metric, scalars = extract_metric(Pruned(2, {"score": 0.3}), "score", "choose('score')")
     assert math.isnan(metric) and scalars == {}

@@ -1,5 +1,5 @@
 """Pruning chooses: ``halving`` and ``choose(prune=)`` at build time, and the pure ASHA rule
-(``graph.pruning.Halving``) against a literal transcription of docs/architecture.md §7."""
+(``graph.state.halving.Halving``) against a literal transcription of docs/architecture.md §7."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graph
-from graph.pruning import Continue, Halving, Stop
+from graph.state.halving import Continue, Halving, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, PipelineError, grid, halving
 

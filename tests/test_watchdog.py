@@ -7,7 +7,7 @@ import time
 import pytest
 
 from graph.errors import RunError
-from graph.watchdog import Observation, Watchdog
+from graph.state.watchdog import Observation, Watchdog
 from pipelines import Pipeline, grid
 
 pytestmark = pytest.mark.timeout(240)
@@ -194,7 +194,7 @@ def test_stall_timeout_has_one_meaning_in_execute_and_run(client):
 
     import graph
     from graph.executor import execute
-    from graph.watchdog import DEFAULT_STALL_TIMEOUT, stall_seconds
+    from graph.state.watchdog import DEFAULT_STALL_TIMEOUT, stall_seconds
     from tests import steps
 
     assert stall_seconds(None) == DEFAULT_STALL_TIMEOUT and stall_seconds(0) is None and stall_seconds(2) == 2.0

@@ -42,7 +42,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..ranking import best as best_index
+from ..state.ranking import best as best_index
 from ..spec import PruneSpec
 from .protocol import (
     COLORS,
@@ -312,7 +312,7 @@ class QuiverDashboard(SchedulerPlugin):
             cp = run["chooses"][-1]
             metrics = {b["id"]: b["metrics"].get(cp["metric"]) for b in branches}
             metrics = {i: float(m) for i, m in metrics.items() if isinstance(m, (int, float))}
-            pick = best_index(metrics, cp.get("mode", "max"))  # the choose's own rule (graph.ranking)
+            pick = best_index(metrics, cp.get("mode", "max"))  # the choose's own rule (graph.state.ranking)
             if pick is not None:
                 best = {"metric": cp["metric"], "value": metrics[pick], "branch": pick}
         return {

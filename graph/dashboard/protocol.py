@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from ..pruning import curve_choose
+from ..state.halving import curve_choose
 
 __all__ = [
     "COLORS",

@@ -4,9 +4,16 @@
   executor's priorities and the memory plan's model);
 * :mod:`graph.state.events`: the events the driver feeds in and the instructions it gets back;
 * :mod:`graph.state.machine`: :class:`ExplorationState`, every decision of a run, and the
-  branch status rule.
+  branch status rule;
+* :mod:`graph.state.rows`: a branch's final state (a row of the table);
+* :mod:`graph.state.ranking`: best first, a choose's decision, the threshold;
+* :mod:`graph.state.halving`: a pruning choose's rule (asynchronous successive halving);
+* :mod:`graph.state.claims`: which packed task trains which member;
+* :mod:`graph.state.watchdog`: whether a run is stuck, and the meaning of ``stall_timeout``.
 
-Nothing here talks to a cluster; ``graph.executor`` is the thin driver that does. Names load
+Nothing here talks to a cluster (``tests/test_layout.py`` checks it); ``graph.executor`` is
+the thin driver that does, with ``graph.packing`` (the claim table on the scheduler) and
+``graph.watchdog`` (the thread that samples the scheduler). Names load
 on first use, so ``graph.memory.plan`` (imported on workers) reads the order without loading
 the machine (and pandas, through the table rows).
 

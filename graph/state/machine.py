@@ -6,9 +6,9 @@ these metrics, release or cancel these results, show this, stop), the way
 ``distributed``'s ``WorkerState.handle_stimulus`` does for a worker. It owns what to
 submit and with which priority (depth-first up to the next choose), what to hold and
 release, what to recompute under a distinct name (``<key>~againN``), what each choose
-keeps (:func:`graph.ranking.decide`), when the same metric mistake stops the run, and
+keeps (:func:`graph.state.ranking.decide`), when the same metric mistake stops the run, and
 every branch's status; and, for iterative steps, their reports and the pruning choose's
-halving rule (:class:`graph.pruning.Halving`): a :class:`Report` at a rung is answered with
+halving rule (:class:`graph.state.halving.Halving`): a :class:`Report` at a rung is answered with
 an :class:`Answer`, a pruned branch's step is stopped (docs/architecture.md §7.2). The
 driver (``graph.executor``) only talks to the Client.
 
@@ -31,12 +31,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..compiler import extract_metric, metric_failure_cause
-from ..iterative import Iterative
 from ..keys import original_key, recompute_key, step_name
-from ..pruning import Halving, curve_choose
-from ..ranking import decide, meets, sort_key
-from ..table import RowState
+from ..wrappers import layers
+from .halving import Halving, curve_choose
+from .metric import extract_metric, metric_failure_cause
+from .ranking import decide, meets, sort_key
 from .events import (
     Abort,
     Answer,
@@ -60,6 +59,7 @@ from .events import (
     Watch,
 )
 from .order import Target, priority, run_targets
+from .rows import RowState
 
 __all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status"]
 
@@ -324,7 +324,7 @@ class ExplorationState:
         if key is None or key in self.finished:
             return
         self.finished.add(key)
-        self.stopping.discard(key)  # a stopped step returned (graph.iterative.Pruned): released below
+        self.stopping.discard(key)  # a stopped step returned (graph.state.halving.Pruned): released below
         self._candidates.add(key)
         self._candidates.update(self._task(key).dependencies)
         if key in self.c.metric_graph:
@@ -383,7 +383,7 @@ class ExplorationState:
 
     def _report(self, name: str, iteration: int, values: dict) -> None:
         """An iterative step's report: its history, and at a pruning choose the halving rule
-        (``graph.pruning.Halving``); at a rung the step waits for an :class:`Answer`."""
+        (``graph.state.halving.Halving``); at a rung the step waits for an :class:`Answer`."""
         key = original_key(name)
         if key not in self.iterative:
             return  # not this run's (a client may run other work)
@@ -885,7 +885,7 @@ class ExplorationState:
         return [r for k in b.lineage if k in self.history for r in self.history[k]]
 
     def branch_curve(self, j: int) -> tuple[float, ...]:
-        """Output branch ``j``'s report curve: the metric of ``curve_choose`` (``graph.pruning``)
+        """Output branch ``j``'s report curve: the metric of ``curve_choose`` (``graph.state.halving``)
         in each of its reports, in order (NaN where a report lacks it; empty without a choose)."""
         b = self.output_tips[j].t.branch
         return tuple(v for k in b.lineage if k in self.curves for v in self.curves[k])
@@ -934,17 +934,10 @@ class ExplorationState:
 
 
 def _iterative_task(task: Any) -> bool:
-    """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``), also
-    under the run's wrappers (``SaveResult``, ``RunOnce``: their ``fn``). Collections' ``Alias``
-    and ``DataNode`` entries have no ``func``: not iterative."""
-    fn = getattr(task, "func", None)
-    for _ in range(8):
-        if isinstance(fn, Iterative):
-            return True
-        fn = getattr(fn, "fn", None)
-        if fn is None:
-            return False
-    return False
+    """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``, marked
+    ``__quiver_iterative_task__``), also under the run's wrappers (``graph.wrappers``).
+    Collections' ``Alias`` and ``DataNode`` entries have no ``func``: not iterative."""
+    return any(getattr(f, "__quiver_iterative_task__", False) for f in layers(getattr(task, "func", None)))
 
 
 def meets_threshold(spec: Any, metric: float) -> bool:

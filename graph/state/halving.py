@@ -6,7 +6,7 @@ them) and answers at once, never waiting for other branches:
 * rungs are at ``min_iter * factor**r`` reports (``PruneSpec.rung_of``), below ``max_iter``;
 * a branch that reaches a rung continues iff its metric ranks within the top
   ``max(1, n // factor)`` of the ``n`` branches of its group that have reached that rung so
-  far, itself included (``graph.ranking.sort_key``: higher first for ``mode="max"``, lower
+  far, itself included (``graph.state.ranking.sort_key``: higher first for ``mode="max"``, lower
   for ``"min"``, ties to the lower branch index, i.e. the branch declared first, NaN last);
   a NaN metric never continues (a choose never keeps a NaN branch either);
 * otherwise it stops: ``Stop(rung, iteration)``, a *pruned* branch;
@@ -35,13 +35,22 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from .ranking import sort_key
-from .spec import PruneSpec
+from ..spec import PruneSpec
 
-__all__ = ["Continue", "Stop", "Decision", "Halving", "RungEntry", "curve_choose"]
+__all__ = ["Continue", "Stop", "Decision", "Halving", "Pruned", "RungEntry", "curve_choose"]
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a stopped iterative step returns (``graph.iterative.Iterative`` on a ``Stop``):
+    the run recognises it (status ``pruned``)."""
+
+    iterations: int
+    last: Mapping | None
 
 
 @dataclass(frozen=True)

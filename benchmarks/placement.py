@@ -18,9 +18,10 @@ The decisions are pure functions of literal inputs:
 ['tcp://c']
 
 and a thin layer talks to the cluster: :class:`ReplicateShared` (a ``SchedulerPlugin``),
-installed for one run by :func:`install` and removed by :func:`remove`.  The driver calls
-``name = install(client, compiled)`` after compiling and before its first submission, and
-``remove(client, name)`` when the run ends (``docs/architecture.md`` §4, scheduling).
+installed for one run by :func:`install` and removed by :func:`remove`.  Quiver's driver does
+not call it: ``benchmarks/explore_vs_naive.py`` (variant a') installs it around a run, to
+measure what it would give, so it lives here with the benchmark rather than in the library
+(``import placement`` with ``benchmarks/`` on ``sys.path``, as the benchmark runs).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ it has places (when it starts, and whenever a member leaves it, pruned or finish
 packed task idles while a member of its group waits, wherever that member was declared.
 
 The table is a plain dict: the decision here is pure (:func:`claim`, tested with literal inputs
-and hypothesis in ``tests/test_claims.py``); :func:`claim_on_scheduler` applies it atomically
-on the scheduler (one ``run_on_scheduler`` call from the worker; the table lives in the
-scheduler's task metadata, ``["quiver", "claims", name]``).
+and hypothesis in ``tests/test_claims.py``); ``graph.packing.claim_on_scheduler`` applies it
+atomically on the scheduler (one ``run_on_scheduler`` call from the worker; the table lives in
+the scheduler's task metadata, ``["quiver", "claims", name]``).
 
 Rules:
 
@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["claim", "claim_on_scheduler", "forget_claims", "progress", "takeovers_on_scheduler"]
+__all__ = ["claim", "progress"]
 
 _NONE = object()
 
@@ -128,30 +128,3 @@ def progress(table: dict, pack: Hashable, made: Mapping[Hashable, int], done: It
         if owner.get(k) == pack:
             table_done[k] = True
     return lost
-
-
-def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping | None = None,
-                       done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
-    """:func:`progress` (when ``made`` is given) then :func:`claim` on the table ``name`` in the
-    scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
-    event loop: no two calls interleave). Returns ``(lost, claimed)``: one round trip per epoch."""
-    keys = ["quiver", "claims", name]
-    table = dask_scheduler.get_metadata(keys=keys, default=None)
-    if table is None:
-        table = {}
-        dask_scheduler.set_metadata(keys=keys, value=table)
-    lost = progress(table, kwargs["pack"], made, done) if made is not None else []
-    return lost, claim(table, **kwargs)
-
-
-def takeovers_on_scheduler(dask_scheduler: Any = None, *, names: Sequence[str]) -> int:
-    """How many members were taken over in the tables ``names`` (a run's ``stats["packed_takeovers"]``)."""
-    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
-    return sum(len(tables.get(n, {}).get("takeovers", ())) for n in names)
-
-
-def forget_claims(dask_scheduler: Any = None, *, names: Sequence[str]) -> None:
-    """Drop the tables ``names`` (a run's, when it ends)."""
-    tables = dask_scheduler.get_metadata(keys=["quiver", "claims"], default={})
-    for n in names:
-        tables.pop(n, None)

@@ -40,11 +40,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from graph.state.status import COLORS, final_status  # the one owner of status colours
+
 __all__ = ["write_report", "choose_metric", "memory_series"]
 
 _TAIL = ("status", "seconds", "chosen", "error", "failed_step", "traceback")
-_STATUS_COLORS = {"ok": "#3182bd", "failed": "#252525", "pruned": "#fdae6b", "cancelled": "#9e9ac8"}
-_CHOSEN = "#e6550d"
 
 
 def _explores(result) -> list[str]:
@@ -119,10 +119,10 @@ def _metrics_figure(result, metric: str):
                     continue
                 dx = (j - (n - 1) / 2) * (0.5 / max(n, 1))
                 if bool(row["chosen"]):
-                    ax.scatter([x + dx], [y], s=140, marker="*", color=_CHOSEN, zorder=3,
+                    ax.scatter([x + dx], [y], s=140, marker="*", color=COLORS["chosen"], zorder=3,
                                edgecolors="black", linewidths=0.6)
                 else:
-                    ax.scatter([x + dx], [y], s=22, color=_STATUS_COLORS.get(row["status"], "#636363"),
+                    ax.scatter([x + dx], [y], s=22, color=COLORS.get(final_status(row["status"], False), "#636363"),
                                alpha=0.75, zorder=2)
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(list(groups), rotation=30, ha="right", fontsize=8)

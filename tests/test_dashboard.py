@@ -101,7 +101,7 @@ def test_failed_and_pruned_branches_are_reported(client):
     got = {b["id"]: b["status"] for b in run["branches"]}
     want = {i: ("chosen" if r.chosen else "done" if r.status == "ok" else r.status) for i, r in result.table.iterrows()}
     assert got == want
-    assert "failed" in got.values() and "pruned" in got.values() and "chosen" in got.values()
+    assert "failed" in got.values() and "dropped" in got.values() and "chosen" in got.values()
     failed = next(b for b in run["branches"] if b["status"] == "failed")
     assert "refusing x=3" in failed["error"]
 

@@ -100,34 +100,38 @@ def run_node(
 
             threads = c.nthreads()  # one packed task per worker thread, each placed on its own
             pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
-        try:
-            record = execute(
-                compiled,
-                c,
-                progress=progress,
-                raise_if_all_failed=raise_if_all_failed,
-                store=store,
-                memory_budget=memory_budget,
-                sample_sizes=sample_sizes,
-                order=order,
-                disk_bandwidth=disk_bandwidth,
-                stall_timeout=stall_timeout,
-                on_metric_error=on_metric_error,
-                compute_value=compute_value,
-            )
-        except graph.RunError as exc:
-            exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
-            restore_table(exc.table, compiled)
-            raise
-        finally:
-            takeovers = None
-            if compiled.claim_tables:  # graph.claims: the packed tasks' tables, done with
-                from graph.claims import forget_claims, takeovers_on_scheduler
+        from graph.stepwarnings import replay, watch
 
-                with contextlib.suppress(Exception):
-                    takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
-                with contextlib.suppress(Exception):
-                    c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
+        with watch(c) as seen:  # warnings from steps: shown once, here, after the run
+            try:
+                record = execute(
+                    compiled,
+                    c,
+                    progress=progress,
+                    raise_if_all_failed=raise_if_all_failed,
+                    store=store,
+                    memory_budget=memory_budget,
+                    sample_sizes=sample_sizes,
+                    order=order,
+                    disk_bandwidth=disk_bandwidth,
+                    stall_timeout=stall_timeout,
+                    on_metric_error=on_metric_error,
+                    compute_value=compute_value,
+                )
+            except graph.RunError as exc:
+                exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+                restore_table(exc.table, compiled)
+                raise
+            finally:
+                step_warnings = replay(seen, compiled)
+                takeovers = None
+                if compiled.claim_tables:  # graph.claims: the packed tasks' tables, done with
+                    from graph.claims import forget_claims, takeovers_on_scheduler
+
+                    with contextlib.suppress(Exception):
+                        takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
+                    with contextlib.suppress(Exception):
+                        c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
@@ -137,6 +141,7 @@ def run_node(
     record.stats["compile_seconds"] = compile_seconds
     record.stats["cluster"] = cluster_info.get("cluster")
     record.stats["cluster_seconds"] = cluster_seconds
+    record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
     packed = compiled.packed
     if packed:  # graph.packing: packed tasks (one stacked group each) and the branches they trained
         record.stats["packed_groups"] = len(packed)

@@ -407,3 +407,33 @@ def test_the_plugin_keeps_report_curves_and_draws_rungs_and_pruned_ends():
     assert (marks["x"], marks["y"]) == ([1], [0.2])  # the pruned branch ends with an x where it stopped
     assert page.report_sources["lines"].data["dash"] == ["solid", "dashed"]
     assert page.report_sources["rungs"].data["x0"] == [1, 3]
+
+
+def test_the_training_page_names_each_curves_configuration_and_shows_only_panels_with_data():
+    """Report curves carry the branch's choices (legend and hover); the six gpu.train panels stay
+    hidden for a run without gpu.train and appear when a training branch reports epochs."""
+    from types import SimpleNamespace
+
+    from graph.dashboard import QuiverDashboard
+    from graph.dashboard.pages import TrainingPage
+    from graph.dashboard.protocol import EXPLORATION_TOPIC, PLUGIN_NAME, TRAINING_TOPIC
+
+    plugin = QuiverDashboard()
+    plugin.log_event(EXPLORATION_TOPIC, {
+        "kind": "start", "run": "r", "name": "curves", "curve_choose": 0,
+        "chooses": [{"index": 0, "metric": "score", "mode": "max", "prune": {"factor": 3, "min_iter": 1, "max_iter": None}}],
+        "branches": [{"id": i, "key": f"k{i}", "choices": [["fit", "fit", {"lr": lr}]], "lineage": [f"k{i}"]}
+                     for i, lr in enumerate((0.1, 0.01))],
+    })
+    plugin.log_event(EXPLORATION_TOPIC, {"kind": "update", "run": "r", "branches": [
+        {"id": 0, "status": "running", "iterations": 2, "curve": [0.5, 0.6], "curve_at": 0},
+        {"id": 1, "status": "pruned", "iterations": 1, "pruned_at": 1, "curve": [0.2], "curve_at": 0}]})
+    page = TrainingPage(scheduler=SimpleNamespace(plugins={PLUGIN_NAME: plugin}))
+    page.update(force=True)
+    labels = page.report_sources["lines"].data["label"]
+    assert labels == ["#0 fit(lr=0.1) (running)", "#1 fit(lr=0.01) (pruned)"]
+    assert page.reports.visible and page.reports.legend.visible
+    assert not any(fig.visible for fig in page.panels.values())  # no gpu.train: no empty panels
+    plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "k0", "epoch": 1, "accuracy": 0.9, "samples_per_s": 100.0})
+    page.update(force=True)
+    assert {k for k, fig in page.panels.items() if fig.visible} == {"accuracy", "samples_per_s"}

@@ -313,6 +313,19 @@ _CURVES = [
 ]
 
 
+MAX_LEGEND = 16  # report curves; with more, the legend would hide the plot: hover names each line
+
+
+def panels_with_data(lines: dict[str, dict[str, list]]) -> list[str]:
+    """The training panels to show: those with at least one line (``gpu.train`` fills them; a run
+    without it shows none of them, not six empty frames).
+
+    >>> panels_with_data({"accuracy": {"xs": [[1, 2]]}, "spread": {"xs": []}, "tuning": {"xs": []}})
+    ['accuracy']
+    """
+    return [k for k, v in lines.items() if v.get("xs")]
+
+
 def report_lines(curves: dict | None) -> dict:
     """What the reports figure draws from ``QuiverDashboard.curves_view``: one line per branch
     (colour: its status), an ``x`` where a pruned branch stopped (at ``pruned_at``, on its
@@ -324,7 +337,7 @@ def report_lines(curves: dict | None) -> dict:
     >>> out["lines"]["xs"], out["marks"]["x"], out["marks"]["y"], out["rungs"]["x0"], out["rungs"]["y1"]
     ([[1, 2, 3, 4], [1]], [1], [0.2], [1, 3], [0.95, 0.95])
     """
-    lines: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": [], "dash": []}
+    lines: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": [], "dash": [], "status": []}
     marks: dict[str, list] = {"x": [], "y": [], "label": []}
     values = []
     for b in (curves or {}).get("branches", ()):
@@ -333,7 +346,8 @@ def report_lines(curves: dict | None) -> dict:
         lines["xs"].append([x for x, _ in xy])
         lines["ys"].append([y for _, y in xy])
         lines["color"].append(COLORS.get(b["status"], "#636363"))
-        lines["label"].append(f"{b['label'][:60]} ({b['status']})")
+        lines["label"].append(f"{b['label'][:80]} ({b['status']})")  # the branch's choices: hover and legend
+        lines["status"].append(b["status"])
         lines["dash"].append("dashed" if b["status"] == "pruned" else "solid")
         stop = b.get("pruned_at")
         if stop is not None and 0 < stop <= len(b["curve"]) and isinstance(b["curve"][stop - 1], (int, float)):
@@ -356,7 +370,7 @@ class TrainingPage(_RunPage):
     def __init__(self, scheduler):
         super().__init__(scheduler, "<h3>Quiver: training</h3><p>No training branch has reported yet.</p>")
         self.report_sources = {
-            "lines": ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []}),
+            "lines": ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": [], "status": []}),
             "marks": ColumnDataSource({"x": [], "y": [], "label": []}),
             "rungs": ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []}),
         }
@@ -365,17 +379,22 @@ class TrainingPage(_RunPage):
         reports.segment("x0", "y0", "x1", "y1", source=self.report_sources["rungs"], line_color="#636363",
                         line_dash="dotted", line_width=1)
         drawn = reports.multi_line("xs", "ys", source=self.report_sources["lines"], line_color="color", line_width=2,
-                                   line_dash={"field": "dash"})
+                                   line_dash={"field": "dash"}, hover_line_color="color", hover_line_width=5,
+                                   legend_field="label")
+        reports.legend.location = "top_left"
+        reports.legend.label_text_font_size = "9px"
+        reports.legend.background_fill_alpha = 0.6
         ends = reports.scatter("x", "y", source=self.report_sources["marks"], marker="x", size=12, line_width=3,
                                color="#a50f15")
         reports.add_tools(HoverTool(renderers=[drawn], tooltips=[("branch", "@label"), ("iteration", "$x{0}"),
-                                                                  ("value", "$y{0.0000}")]))
+                                                                  ("value", "$y{0.0000}")], line_policy="nearest"))
         reports.add_tools(HoverTool(renderers=[ends], tooltips=[("", "@label")]))
         reports.xaxis.axis_label = "iteration (reports made)"
         reports.visible = False  # shown when the run's iterative steps have reported
         self.reports = reports
         self.sources: dict[str, ColumnDataSource] = {}
         self.points: dict[str, ColumnDataSource] = {}
+        self.panels: dict[str, Any] = {}  # field -> its figure, shown only when the run has data for it
         figs = []
         for field, title, ylabel in _CURVES:
             fig = figure(height=260, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
@@ -390,6 +409,8 @@ class TrainingPage(_RunPage):
             fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9px"
             fig.legend.background_fill_alpha = 0.5
+            fig.visible = False
+            self.panels[field] = fig
             figs.append(fig)
         tune = figure(height=260, sizing_mode="stretch_width", title="Auto-tuner: total samples/s per replica count",
                       tools="pan,wheel_zoom,reset,save,hover", tooltips=[("branch", "@label"), ("replicas", "$x{0}"),
@@ -400,6 +421,8 @@ class TrainingPage(_RunPage):
         tune.scatter("x", "y", source=self.points["tuning"], color="color", size=8)
         tune.xaxis.axis_label = "replicas per worker"
         tune.yaxis.axis_label = "samples/s (all workers)"
+        tune.visible = False
+        self.panels["tuning"] = tune
         figs.append(tune)
         grid_rows = [row(figs[i], figs[i + 1], sizing_mode="stretch_width") for i in range(0, len(figs) - 1, 2)]
         if len(figs) % 2:
@@ -415,6 +438,7 @@ class TrainingPage(_RunPage):
         if curves is None:
             return ""
         n = len(curves["branches"])
+        self.reports.legend.visible = n <= MAX_LEGEND  # beyond, hover a line for its configuration
         pruned = len(drawn["marks"]["x"])
         rungs = ", ".join(str(r) for r in curves["rungs"])
         self.reports.title.text = (
@@ -484,6 +508,9 @@ class TrainingPage(_RunPage):
         for k, src in self.sources.items():
             src.data = lines[k]
             self.points[k].data = pts[k]
+        shown = panels_with_data(lines)
+        for k, fig in self.panels.items():
+            fig.visible = k in shown
         title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
         raw = plugin.runs.get(run["run"]) if run is not None else None
         reported = self.show_reports(plugin.curves_view(raw) if raw is not None else None)

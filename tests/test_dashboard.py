@@ -437,3 +437,29 @@ def test_the_training_page_names_each_curves_configuration_and_shows_only_panels
     plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "k0", "epoch": 1, "accuracy": 0.9, "samples_per_s": 100.0})
     page.update(force=True)
     assert {k for k, fig in page.panels.items() if fig.visible} == {"accuracy", "samples_per_s"}
+
+
+@pytest.mark.parametrize("n, explores", [(112, (2, 4, 14)), (112, (112,)), (2000, (4, 10, 50)), (2000, (2000,))])
+def test_the_explore_tree_gives_every_label_a_row_of_its_own_at_112_and_2000_branches(n, explores):
+    """Labels in one column are at least a row apart (the page gives a row 16 px for 9 px text);
+    above MAX_ROWS branches, nodes stand for the branches under them and still count every one."""
+    import itertools
+    import re
+
+    from graph.dashboard.pages import MAX_ROWS, tree_layout
+
+    combos = itertools.product(*[range(k) for k in explores])
+    branches = [{"id": i, "choices": {f"e{j}": f"v{c}" for j, c in enumerate(combo)},
+                 "status": "chosen" if i == 37 else "dropped" if i % 3 else "pruned", "metrics": {"acc": i / n}}
+                for i, combo in enumerate(combos)]
+    layout = tree_layout(branches, "run")
+    nodes = layout["nodes"]
+    assert layout["rows"] <= MAX_ROWS and (layout["rows"] == n) == (n <= MAX_ROWS)
+    for x in set(nodes["x"]):
+        ys = sorted(y for y, xx in zip(nodes["y"], nodes["x"]) if xx == x)
+        assert all(b - a >= 1.0 for a, b in zip(ys, ys[1:])), f"labels overlap in column {x}"
+    leaves = [(label, status) for label, status, size in zip(nodes["label"], nodes["status"], nodes["size"]) if size == 14]
+    assert len(leaves) == layout["rows"]
+    counted = sum(int(m.group(1)) if (m := re.search(r": (\d+) branches \(", label)) else 1 for label, _ in leaves)
+    assert counted == n  # every branch is in exactly one shown row
+    assert sum(status == "chosen" for _, status in leaves) == 1  # the chosen branch's row shows it

@@ -128,6 +128,8 @@ def _scalars(report: Mapping) -> dict:
 class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
+    waited = 0.0  # seconds spent waiting for answers at rungs (not computing); also for subclasses
+
     def __init__(self) -> None:
         from gpu.worker import current_task, current_worker
 
@@ -135,7 +137,6 @@ class _Task:
         self.key = current_task() if self.worker is not None else None
         self.attempt = uuid.uuid4().hex[:12]
         self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
-        self.waited = 0.0  # seconds spent waiting for answers at rungs (not computing)
 
     @property
     def live(self) -> bool:

@@ -88,7 +88,8 @@ class StepWarnings(WorkerPlugin):
                     "function": _function_at(str(filename), int(lineno)),
                     "key": key,
                 })
-            except Exception:  # the warning is not lost: printed as Python would
+            except Exception as exc:  # recorded, and the warning is not lost: printed as Python would
+                logger.debug("a step's warning could not be sent to the run: %s", exc)
                 original(message, category, filename, lineno, file, line)
 
         showwarning._quiver = True  # type: ignore[attr-defined]

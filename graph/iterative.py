@@ -19,6 +19,8 @@ wrapped in :class:`Iterative`:
   Both live on the scheduler, so a generator that Dask restarts after its worker died
   finds every answer already given when it replays (it never waits twice for one rung, and
   never gets a different answer);
+* the seconds it waited at rungs are sent on :data:`WAIT_TOPIC` when it ends, so the run's
+  ``seconds`` count what the step computed, not its waits;
 * on ``"stop"`` the generator is closed (its ``finally`` runs) and the task returns
   :class:`Pruned` at once, freeing its worker thread for the next task;
 * between iterations, a task the run has cancelled (its future released) closes its
@@ -63,6 +65,7 @@ from .state.halving import Pruned
 
 __all__ = [
     "REPORT_TOPIC",
+    "WAIT_TOPIC",
     "CONTINUE",
     "STOP",
     "Iterative",
@@ -76,6 +79,9 @@ logger = logging.getLogger(__name__)
 
 #: The event-log topic reports travel on (one message per report).
 REPORT_TOPIC = "quiver-report"
+#: The topic an iterative task sends, when it ends, the seconds it spent waiting at rungs on
+#: (``{"key", "seconds"}``): :class:`graph.monitor.RunMonitor` leaves them out of its compute.
+WAIT_TOPIC = "quiver-wait"
 CONTINUE, STOP = "continue", "stop"
 #: Seconds a step waits on its gate between checks that its task was not cancelled.
 GATE_POLL_S = 1.0
@@ -114,6 +120,8 @@ def _scalars(report: Mapping) -> dict:
 class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
+    waited = 0.0  # seconds spent waiting for answers at rungs (not computing); also for subclasses
+
     def __init__(self) -> None:
         from gpu.worker import current_task, current_worker
 
@@ -146,9 +154,23 @@ class _Task:
         return self.live and task_cancelled(self.worker, self.key)
 
     def answer(self, iteration: int) -> str:
-        """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled)."""
+        """Wait for the run's answer at a rung (``CONTINUE`` outside Dask or once cancelled),
+        adding the seconds waited to ``waited``."""
         if not self.live:
             return CONTINUE
+        start = time.perf_counter()
+        try:
+            return self._answer(iteration)
+        finally:
+            self.waited += time.perf_counter() - start
+
+    def send_waited(self) -> None:
+        """Tell the run's monitor how long this task waited at rungs (sent before the task
+        ends, on the same stream as its end, so the monitor has it when the task finishes)."""
+        if self.live and self.waited > 0:
+            self.worker.log_event(WAIT_TOPIC, {"key": str(self.key), "seconds": self.waited})
+
+    def _answer(self, iteration: int) -> str:
         from distributed import Event, Variable, get_client
 
         client = get_client()
@@ -228,6 +250,7 @@ class Iterative:
                     return Pruned(done, dict(last))
         finally:
             gen.close()  # runs the generator's finally when it stops early (a no-op once ended)
+            task.send_waited()
 
 
 def iterative_task(task: Any, prune: PruneSpec | None = None) -> Any:

@@ -3,7 +3,9 @@
 It watches the scheduler's own transitions (``processing -> memory|erred``) for
 the run's keys, so ``executed_tasks`` counts work that actually ran (a task
 recomputed after a worker loss counts twice), with compute seconds and output
-sizes, and samples the workers' process memory and spilled bytes.
+sizes, and samples the workers' process memory and spilled bytes.  An iterative step's
+compute leaves out the seconds it waited at rungs for the run's answer (it sends them on
+``graph.iterative.WAIT_TOPIC`` before it ends): a branch's ``seconds`` are what it computed.
 
 >>> m = RunMonitor("run-1", ["a", "b"])
 >>> m.transition("a", "processing", "memory", startstops=({"action": "compute", "start": 1.0, "stop": 1.5},), nbytes=8)
@@ -18,6 +20,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .iterative import WAIT_TOPIC
 from .keys import original_key
 
 __all__ = ["RunMonitor", "snapshot_on_scheduler"]
@@ -31,6 +34,8 @@ class RunMonitor(SchedulerPlugin):
         # key -> (times executed, compute seconds, output bytes or None): one small tuple per
         # key, the scheduler-side cost of a run (the record is read once, by ``snapshot``)
         self.record: dict[str, tuple[int, float, int | None]] = {}
+        # key -> seconds its iterative step waited at rungs (graph.iterative.WAIT_TOPIC): not compute
+        self.waited: dict[str, float] = {}
         self.peak_memory = 0
         self.peak_worker = 0
         self.timeline: list[tuple[float, int, int]] = []  # (seconds, process bytes, spilled bytes)
@@ -74,6 +79,14 @@ class RunMonitor(SchedulerPlugin):
             if len(self.timeline) > 4000:  # long runs: keep every other sample
                 self.timeline = self.timeline[::2]
 
+    def log_event(self, topic: str, msg: Any) -> None:
+        # every event of the cluster passes here: return at once unless it is a wait of this run's
+        if topic != WAIT_TOPIC or not isinstance(msg, dict):
+            return
+        key = original_key(msg.get("key", ""))
+        if key in self.keys and isinstance(msg.get("seconds"), (int, float)):
+            self.waited[key] = self.waited.get(key, 0.0) + msg["seconds"]
+
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task on the scheduler: return at once unless
         # one of this run's tasks just finished computing
@@ -86,6 +99,7 @@ class RunMonitor(SchedulerPlugin):
         for ss in kwargs.get("startstops") or ():
             if ss.get("action") == "compute":
                 compute += ss["stop"] - ss["start"]
+        compute = max(0.0, compute - self.waited.pop(key, 0.0))  # an iterative step's waits at rungs are not compute
         n, seconds, nbytes = self.record.get(key, (0, 0.0, None))
         size = kwargs.get("nbytes")
         self.record[key] = (n + 1, seconds + compute, nbytes if size is None else size)

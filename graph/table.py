@@ -21,7 +21,23 @@ from .state.ranking import sort_key
 from .spec import fn_name
 from .state.rows import RowState
 
-__all__ = ["History", "build_table"]
+__all__ = ["History", "branch_seconds", "build_table"]
+
+
+def branch_seconds(lineages: list, seconds: Mapping[str, float]) -> list[float]:
+    """Each branch's ``seconds``: the compute of the tasks on its path (``seconds``: per task,
+    as :class:`graph.monitor.RunMonitor` measured it, an iterative step's waits at rungs left
+    out), a task that ``n`` branches share counting ``1/n`` in each.  The column therefore sums
+    to the compute the run spent on its branches, never more than worker threads x wall time.
+
+    >>> branch_seconds([("load", "fit-a"), ("load", "fit-b")], {"load": 2.0, "fit-a": 1.0, "fit-b": 3.0})
+    [2.0, 4.0]
+    """
+    sharing: dict[str, int] = {}
+    for lineage in lineages:
+        for k in set(lineage):
+            sharing[k] = sharing.get(k, 0) + 1
+    return [sum(seconds.get(k, 0.0) / sharing[k] for k in set(lineage)) for lineage in lineages]
 
 
 class History(list):
@@ -58,8 +74,9 @@ def build_table(
     for cp in compiled.chooses:
         metric_cols.setdefault(cp.spec.metric_name, None)
 
+    share = branch_seconds([r.branch.lineage for r in rows], seconds)
     records = []
-    for r in rows:
+    for r, spent in zip(rows, share):
         rec: dict[str, Any] = {n: None for n in names}
         rec.update({c: None for c in param_cols})
         for name, label, params in r.branch.choice_items:
@@ -79,7 +96,7 @@ def build_table(
         if r.iterations is not None:
             rec["iterations"] = r.iterations
         rec["status"] = r.status
-        rec["seconds"] = sum(seconds.get(k, 0.0) for k in r.branch.lineage)
+        rec["seconds"] = spent
         rec["chosen"] = r.chosen
         rec["error"] = r.error
         rec["failed_step"] = r.failed_step

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from .wrappers import innermost
 
-__all__ = ["step_functions", "code_files", "restore", "restore_table"]
+__all__ = ["step_functions", "code_files", "locate", "restore", "restore_table"]
 
 _FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)\s*$')
 
@@ -71,6 +71,18 @@ def code_files(functions: Iterable[Any]) -> dict[str, list[tuple[int, int, str]]
     return files
 
 
+def locate(name: str, lineno: int, files: dict[str, list[tuple[int, int, str]]]) -> str | None:
+    """The file of the one known function ``name`` whose code spans line ``lineno``, or ``None``
+    (no such function, or more than one): the one rule for mapping ``<dynamic-code>`` back, for
+    tracebacks (:func:`restore`) and warnings (``graph.stepwarnings``) alike.
+
+    >>> locate("fit", 2, {"fit": [(1, 3, "/home/me/explore.py")]}), locate("fit", 9, {"fit": [(1, 3, "/x.py")]})
+    ('/home/me/explore.py', None)
+    """
+    hits = {f for a, b, f in files.get(name, ()) if a <= lineno <= b and not f.startswith("<")}
+    return hits.pop() if len(hits) == 1 else None
+
+
 def restore(text: str, files: dict[str, list[tuple[int, int, str]]]) -> str:
     """``text`` with each ``<dynamic-code>`` frame given its file (and source line) when exactly
     one known function of that name spans that line."""
@@ -81,9 +93,8 @@ def restore(text: str, files: dict[str, list[tuple[int, int, str]]]) -> str:
         m = _FRAME.match(line.rstrip("\n"))
         if m:
             indent, n, name = m.group(1), int(m.group(2)), m.group(3)
-            hits = {f for a, b, f in files.get(name, ()) if a <= n <= b and not f.startswith("<")}
-            if len(hits) == 1:
-                filename = hits.pop()
+            filename = locate(name, n, files)
+            if filename is not None:
                 out.append(f'{indent}File "{filename}", line {n}, in {name}\n')
                 src = linecache.getline(filename, n).strip()
                 if src:

@@ -40,11 +40,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from graph.state.status import COLORS, final_status  # the one owner of status colours
+
 __all__ = ["write_report", "choose_metric", "memory_series"]
 
 _TAIL = ("status", "seconds", "chosen", "error", "failed_step", "traceback")
-_STATUS_COLORS = {"ok": "#3182bd", "failed": "#252525", "pruned": "#fdae6b", "cancelled": "#9e9ac8"}
-_CHOSEN = "#e6550d"
 
 
 def _explores(result) -> list[str]:
@@ -96,21 +96,46 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+#: inches of axis per group of the metrics figure: a label (8 pt, upright) fits in each
+GROUP_INCHES = 0.16
+MAX_PANEL_INCHES = 18.0
+
+
+def tick_step(groups: int, inches: float) -> int:
+    """Label every ``step``-th group of a panel ``inches`` wide, so labels never overlap (one
+    label per ``GROUP_INCHES``): all of them while they fit.
+
+    >>> tick_step(8, 3.6), tick_step(112, 17.92), tick_step(2000, 18.0)
+    (1, 1, 18)
+    """
+    fits = max(1, int(inches / GROUP_INCHES + 1e-9))
+    return max(1, -(-groups // fits))
+
+
 def _metrics_figure(result, metric: str):
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     table = result.table
     explores = [e for e in _explores(result) if e in table.columns] or [None]
-    fig = Figure(figsize=(max(6.0, 3.6 * len(explores)), 4.2))
-    axes = fig.subplots(1, len(explores), squeeze=False, sharey=True)[0]
-    for ax, name in zip(axes, explores):
+    panels = []
+    for name in explores:
         if name is None:
             groups = {"all branches": list(table.index)}
         else:
             groups: dict[str, list] = {}
             for i, row in table.iterrows():
                 groups.setdefault(_alternative_label(row, name, table.columns), []).append(i)
-        for x, (label, rows) in enumerate(groups.items()):
+        panels.append((name, groups))
+    # a panel grows with its groups (up to MAX_PANEL_INCHES; past that its labels are thinned)
+    widths = [min(max(3.6, GROUP_INCHES * len(g)), MAX_PANEL_INCHES) for _, g in panels]
+    fig = Figure(figsize=(max(6.0, sum(widths)), 4.2 if max(len(g) for _, g in panels) <= 12 else 5.6))
+    axes = fig.subplots(1, len(explores), squeeze=False, sharey=True, gridspec_kw={"width_ratios": widths})[0]
+    shown: set = set()
+    for ax, (name, groups), inches in zip(axes, panels, widths):
+        points: dict[str, tuple[list, list]] = {}
+        stars: tuple[list, list] = ([], [])
+        for x, rows in enumerate(groups.values()):
             n = len(rows)
             for j, i in enumerate(rows):
                 row = table.loc[i]
@@ -119,16 +144,31 @@ def _metrics_figure(result, metric: str):
                     continue
                 dx = (j - (n - 1) / 2) * (0.5 / max(n, 1))
                 if bool(row["chosen"]):
-                    ax.scatter([x + dx], [y], s=140, marker="*", color=_CHOSEN, zorder=3,
-                               edgecolors="black", linewidths=0.6)
+                    stars[0].append(x + dx)
+                    stars[1].append(y)
                 else:
-                    ax.scatter([x + dx], [y], s=22, color=_STATUS_COLORS.get(row["status"], "#636363"),
-                               alpha=0.75, zorder=2)
-        ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels(list(groups), rotation=30, ha="right", fontsize=8)
-        ax.set_title(f"by {name}" if name else "branches", fontsize=10)
+                    xs, ys = points.setdefault(final_status(row["status"], False), ([], []))
+                    xs.append(x + dx)
+                    ys.append(y)
+        for status, (xs, ys) in points.items():  # one call per status: thousands of points stay fast
+            ax.scatter(xs, ys, s=22, color=COLORS.get(status, "#636363"), alpha=0.75, zorder=2)
+            shown.add(status)
+        if stars[0]:
+            ax.scatter(*stars, s=140, marker="*", color=COLORS["chosen"], zorder=3, edgecolors="black", linewidths=0.6)
+        labels = list(groups)
+        step = tick_step(len(labels), inches)
+        ax.set_xticks(range(0, len(labels), step))
+        many = len(labels) > 12
+        ax.set_xticklabels(labels[::step], rotation=90 if many else 30, ha="center" if many else "right", fontsize=8)
+        title = f"by {name}" if name else "branches"
+        if step > 1:
+            title += f" ({len(labels)} alternatives; every {step}th labelled)"
+        ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel(metric)
+    handles = [Line2D([], [], marker="o", linestyle="", color=COLORS[s], label=s) for s in COLORS if s in shown]
+    if handles:
+        axes[-1].legend(handles=handles, fontsize=8, loc="best")
     fig.suptitle(f"{metric} per branch (star: chosen)", fontsize=11)
     return fig
 

@@ -66,13 +66,19 @@ class Result:
         return None if attrs is None else attrs.get("history")
 
     @property
-    def rungs(self) -> list | None:
+    def rungs(self) -> list:
         """Pruning chooses' rung decisions, in arrival order per rung: dicts with ``choose``,
         ``group`` (the ``per=`` group), ``rung``, ``iteration``, ``input`` (the branch's index
         among the choose's inputs), ``metric``, ``continued`` and ``n`` (branches at that rung
-        when it arrived); ``None`` without a pruning choose."""
+        when it arrived); an empty list when nothing reached a rung (no pruning choose, or
+        nothing pruned before its first rung), so ``len(result.rungs)`` and loops always work.
+
+        >>> Result(table=None, value=3, values=[3]).rungs
+        []
+        """
         attrs = getattr(self.table, "attrs", None)
-        return None if attrs is None else attrs.get("rungs")
+        rungs = None if attrs is None else attrs.get("rungs")
+        return [] if rungs is None else rungs
 
     @property
     def chosen(self):

@@ -57,28 +57,32 @@ def run_node(
         ))
         cluster_seconds = time.perf_counter() - clock
         _ready_cluster(c, compiled, pack)
-        takeovers = None
-        try:
-            record = execute(
-                compiled,
-                c,
-                progress=progress,
-                raise_if_all_failed=raise_if_all_failed,
-                store=store,
-                memory_budget=memory_budget,
-                sample_sizes=sample_sizes,
-                order=order,
-                disk_bandwidth=disk_bandwidth,
-                stall_timeout=stall_timeout,
-                on_metric_error=on_metric_error,
-                compute_value=compute_value,
-            )
-        except graph.RunError as exc:
-            exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
-            restore_table(exc.table, compiled)
-            raise
-        finally:
-            takeovers = _forget_claims(c, compiled)
+        from graph.stepwarnings import replay, watch
+
+        with watch(c) as seen:  # warnings from steps: shown once, here, after the run
+            takeovers = None
+            try:
+                record = execute(
+                    compiled,
+                    c,
+                    progress=progress,
+                    raise_if_all_failed=raise_if_all_failed,
+                    store=store,
+                    memory_budget=memory_budget,
+                    sample_sizes=sample_sizes,
+                    order=order,
+                    disk_bandwidth=disk_bandwidth,
+                    stall_timeout=stall_timeout,
+                    on_metric_error=on_metric_error,
+                    compute_value=compute_value,
+                )
+            except graph.RunError as exc:
+                exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
+                restore_table(exc.table, compiled)
+                raise
+            finally:
+                step_warnings = replay(seen, compiled)
+                takeovers = _forget_claims(c, compiled)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
@@ -89,6 +93,7 @@ def run_node(
     record.stats["cluster"] = cluster_info.get("cluster")
     record.stats["cluster_seconds"] = cluster_seconds
     _packing_stats(record.stats, compiled, takeovers)
+    record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
     return Result(
         table=record.table,

@@ -63,3 +63,9 @@ def plain(data: dict, spec: tuple, log_dir: str = "") -> dict:
 def tag(data: dict, g: str) -> dict:
     """A first explore to group by (``choose(..., per="g")``)."""
     return dict(data, g=g)
+
+
+def slow_data(seconds: float) -> dict:
+    """A shared source that takes ``seconds`` (every branch's path starts with it)."""
+    time.sleep(seconds)
+    return {"n": 1}

@@ -101,7 +101,7 @@ def test_failed_and_pruned_branches_are_reported(client):
     got = {b["id"]: b["status"] for b in run["branches"]}
     want = {i: ("chosen" if r.chosen else "done" if r.status == "ok" else r.status) for i, r in result.table.iterrows()}
     assert got == want
-    assert "failed" in got.values() and "pruned" in got.values() and "chosen" in got.values()
+    assert "failed" in got.values() and "dropped" in got.values() and "chosen" in got.values()
     failed = next(b for b in run["branches"] if b["status"] == "failed")
     assert "refusing x=3" in failed["error"]
 
@@ -407,3 +407,59 @@ def test_the_plugin_keeps_report_curves_and_draws_rungs_and_pruned_ends():
     assert (marks["x"], marks["y"]) == ([1], [0.2])  # the pruned branch ends with an x where it stopped
     assert page.report_sources["lines"].data["dash"] == ["solid", "dashed"]
     assert page.report_sources["rungs"].data["x0"] == [1, 3]
+
+
+def test_the_training_page_names_each_curves_configuration_and_shows_only_panels_with_data():
+    """Report curves carry the branch's choices (legend and hover); the six gpu.train panels stay
+    hidden for a run without gpu.train and appear when a training branch reports epochs."""
+    from types import SimpleNamespace
+
+    from graph.dashboard import QuiverDashboard
+    from graph.dashboard.pages import TrainingPage
+    from graph.dashboard.protocol import EXPLORATION_TOPIC, PLUGIN_NAME, TRAINING_TOPIC
+
+    plugin = QuiverDashboard()
+    plugin.log_event(EXPLORATION_TOPIC, {
+        "kind": "start", "run": "r", "name": "curves", "curve_choose": 0,
+        "chooses": [{"index": 0, "metric": "score", "mode": "max", "prune": {"factor": 3, "min_iter": 1, "max_iter": None}}],
+        "branches": [{"id": i, "key": f"k{i}", "choices": [["fit", "fit", {"lr": lr}]], "lineage": [f"k{i}"]}
+                     for i, lr in enumerate((0.1, 0.01))],
+    })
+    plugin.log_event(EXPLORATION_TOPIC, {"kind": "update", "run": "r", "branches": [
+        {"id": 0, "status": "running", "iterations": 2, "curve": [0.5, 0.6], "curve_at": 0},
+        {"id": 1, "status": "pruned", "iterations": 1, "pruned_at": 1, "curve": [0.2], "curve_at": 0}]})
+    page = TrainingPage(scheduler=SimpleNamespace(plugins={PLUGIN_NAME: plugin}))
+    page.update(force=True)
+    labels = page.report_sources["lines"].data["label"]
+    assert labels == ["#0 fit(lr=0.1) (running)", "#1 fit(lr=0.01) (pruned)"]
+    assert page.reports.visible and page.reports.legend.visible
+    assert not any(fig.visible for fig in page.panels.values())  # no gpu.train: no empty panels
+    plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "k0", "epoch": 1, "accuracy": 0.9, "samples_per_s": 100.0})
+    page.update(force=True)
+    assert {k for k, fig in page.panels.items() if fig.visible} == {"accuracy", "samples_per_s"}
+
+
+@pytest.mark.parametrize("n, explores", [(112, (2, 4, 14)), (112, (112,)), (2000, (4, 10, 50)), (2000, (2000,))])
+def test_the_explore_tree_gives_every_label_a_row_of_its_own_at_112_and_2000_branches(n, explores):
+    """Labels in one column are at least a row apart (the page gives a row 16 px for 9 px text);
+    above MAX_ROWS branches, nodes stand for the branches under them and still count every one."""
+    import itertools
+    import re
+
+    from graph.dashboard.pages import MAX_ROWS, tree_layout
+
+    combos = itertools.product(*[range(k) for k in explores])
+    branches = [{"id": i, "choices": {f"e{j}": f"v{c}" for j, c in enumerate(combo)},
+                 "status": "chosen" if i == 37 else "dropped" if i % 3 else "pruned", "metrics": {"acc": i / n}}
+                for i, combo in enumerate(combos)]
+    layout = tree_layout(branches, "run")
+    nodes = layout["nodes"]
+    assert layout["rows"] <= MAX_ROWS and (layout["rows"] == n) == (n <= MAX_ROWS)
+    for x in set(nodes["x"]):
+        ys = sorted(y for y, xx in zip(nodes["y"], nodes["x"]) if xx == x)
+        assert all(b - a >= 1.0 for a, b in zip(ys, ys[1:])), f"labels overlap in column {x}"
+    leaves = [(label, status) for label, status, size in zip(nodes["label"], nodes["status"], nodes["size"]) if size == 14]
+    assert len(leaves) == layout["rows"]
+    counted = sum(int(m.group(1)) if (m := re.search(r": (\d+) branches \(", label)) else 1 for label, _ in leaves)
+    assert counted == n  # every branch is in exactly one shown row
+    assert sum(status == "chosen" for _, status in leaves) == 1  # the chosen branch's row shows it

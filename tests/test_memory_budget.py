@@ -46,7 +46,7 @@ def test_exploration_five_times_the_budget_spills_and_stays_under_the_limits():
     # no worker came near being killed by its nanny (terminate at 95% of its limit)
     assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2
     assert s["failed_branches"] == 0
-    assert r.table["status"].isin(["ok", "pruned"]).all() and (r.table["status"] == "ok").sum() == 1
+    assert r.table["status"].isin(["ok", "dropped"]).all() and (r.table["status"] == "ok").sum() == 1
     assert r.memory_plan is not None and r.memory_plan.budget == budget
     assert s["predicted_peak_bytes"] <= budget
     # correct results: every branch's score equals a local computation; the chosen one is the best

@@ -119,6 +119,6 @@ def test_the_branch_a_choose_keeps_survives_the_plan_dropping_its_input():
         for _ in range(2):
             r = node.then(square_x).run(c, memory_budget=budget, disk_bandwidth="10 MB", progress=False)
             assert r.value == {"x": 16.0}
-            assert list(r.table["status"]) == ["pruned", "pruned", "pruned", "ok"]
+            assert list(r.table["status"]) == ["dropped", "dropped", "dropped", "ok"]
             recomputed += r.stats["recomputed_tasks"]
         assert recomputed >= 1  # the drop-and-recompute path really ran

@@ -109,7 +109,7 @@ def test_k_and_threshold_cancel_the_rest_and_their_generators_close(client, tmp_
                          prune=halving(factor=3, min_iter=2)).run(client)
     t = result.table
     assert t["chosen"].sum() == 1 and t.loc[t["chosen"], "score"].iloc[0] >= 0.9
-    assert set(t["status"]) <= {"ok", "pruned", "cancelled"}
+    assert set(t["status"]) <= {"ok", "pruned", "dropped", "cancelled"}
     started = ps.events(tmp_path, "start")
     closed = closed_marks(tmp_path, len(started))
     assert len(closed) == len(started)  # every started generator was closed, cancelled ones too
@@ -242,3 +242,21 @@ def test_a_run_whose_cleanup_raises_leaves_no_report_channel_open(client, tmp_pa
         execute(node.compile(), client, progress=False, on_driver=lambda driver: Watcher())
     result = exploration(tmp_path, curves=CURVES[:3], delay=0.0).run(client)  # the next run on this client
     assert result.value["name"] == "best"
+
+
+def test_branch_seconds_count_what_branches_computed_not_their_waits_or_shared_steps_twice(client, tmp_path):
+    """Six iterative branches behind one slow shared source, halving on 2 single-threaded workers:
+    the ``seconds`` column adds up to no more than the workers could compute in the run's wall time
+    (the source counts once across the branches, waits at rungs not at all)."""
+    node = Pipeline("seconds").source(ps.slow_data, seconds=2.0)
+    node = node.explore("c", grid(ps.curve, spec=list(CURVES), log_dir=[str(tmp_path)], delay=[0.05]))
+    result = node.choose("score", prune=halving(factor=3)).run(client, progress=False, quiet=True)
+    t = result.table
+    assert (t["status"] == "pruned").any()
+    assert t["seconds"].sum() <= 2 * result.stats["wall_seconds"], (t["seconds"].tolist(), result.stats["wall_seconds"])
+    assert (t["seconds"] >= 2.0 / len(t)).all()  # each branch's share of the source is in
+
+
+def test_rungs_is_an_empty_list_when_no_choose_prunes(client, tmp_path):
+    result = exploration(tmp_path, prune=None).run(client, progress=False, quiet=True)
+    assert result.rungs == [] and "iterations" in result.table

@@ -170,3 +170,28 @@ def test_cli_report_option(client, tmp_path):
     check_png(out_dir / "metrics.png")
     page = parse(out_dir / "report.html")
     assert "Chosen branch #2: k=scale(k=5) (score = 15)" in " ".join(page.text)
+
+
+@pytest.mark.parametrize("n", [112, 2000])
+def test_the_metrics_figure_labels_no_more_alternatives_than_fit(n):
+    """One explore with n alternatives: every label while they fit (upright, 8 pt apart), then
+    every k-th; the status colours (dropped vs pruned) come from one owner."""
+    import pandas as pd
+
+    from graph.state.status import COLORS
+    from pipelines.report import _metrics_figure
+    from pipelines.result import Result
+
+    t = pd.DataFrame([{"m": "svc", "m.C": float(i), "acc": i / n, "status": "dropped" if i % 5 else "pruned",
+                       "seconds": 0.1, "chosen": i == 7, "error": None, "failed_step": None, "traceback": None}
+                      for i in range(n)])
+    fig = _metrics_figure(Result(table=t, value=None, values=[]), "acc")
+    ax = fig.axes[0]
+    width = ax.get_position().width * fig.get_figwidth()
+    labels = [tick.get_text() for tick in ax.get_xticklabels()]
+    assert labels[0] == "svc(C=0)" and (len(labels) == n) == (n == 112)
+    assert width / len(labels) >= 8 / 72  # upright 8 pt labels, each with at least its own height of axis
+    colours = {tuple(round(c, 3) for c in col.get_facecolor()[0][:3]) for col in ax.collections}
+    from matplotlib.colors import to_rgb
+
+    assert {tuple(round(c, 3) for c in to_rgb(COLORS[s])) for s in ("dropped", "pruned", "chosen")} <= colours

@@ -124,7 +124,7 @@ def test_downstream_step_runs_only_on_kept_branches(client, log_dir):
     squared = [p for p in steps.executions(log_dir) if p.endswith(">square")]
     assert len(squared) == 2
     assert sorted(v["x"] for v in result.value) == sorted(x * x for x in (20, 30))
-    assert (result.table["status"] == "pruned").sum() == 4
+    assert (result.table["status"] == "dropped").sum() == 4
     assert result.stats["executed_tasks"] == 1 + 3 + 6 + 2
 
 

@@ -91,7 +91,7 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
         assert "has not answered for" in msg and address in msg and "stall_timeout" in msg
         assert "\n" not in msg
         assert took < stall + 30, f"the run took {took:.0f} s to end after the scheduler stopped"
-        assert set(info.value.table["status"]) <= {"cancelled", "pruned", "ok"}
+        assert set(info.value.table["status"]) <= {"cancelled", "dropped", "ok"}
     finally:
         os.kill(sched.pid, signal.SIGCONT)
         client.close(timeout=10)

@@ -80,12 +80,12 @@ def test_a_run_from_start_to_finish_as_literal_events_and_instructions(simple):
         Submit({mul2: c.graph[mul2]}, out[1].priority),
         Release(tuple(sorted((add1, m2)))),
     ]
-    assert s.changes() == ((0, "pruned", {"x": 2.0}, None), (1, "running", {"x": 3.0}, None))
+    assert s.changes() == ((0, "dropped", {"x": 2.0}, None), (1, "running", {"x": 3.0}, None))
     assert s.handle(TaskFinished(mul2)) == [Release((add2,)), Finished()]
     assert s.changes() == ((1, "chosen", {"x": 3.0}, None),)
     assert s.result_names() == {1: mul2}
     rows = s.rows()
-    assert [r.status for r in rows] == ["pruned", "ok"] and [r.chosen for r in rows] == [False, True]
+    assert [r.status for r in rows] == ["dropped", "ok"] and [r.chosen for r in rows] == [False, True]
     assert s.progress()["best"] == "best x=3"
 
 
@@ -211,8 +211,8 @@ def test_a_result_lost_before_its_outcome_was_taken_is_watched_again(simple):
     assert s.handle(TaskFinished(add1), TaskFinished(m1)) == [Gather((m1,))]
 
 
-def test_branch_status_rule_pruned_vs_ok_at_the_choose_that_dropped_it():
-    """A dropped branch whose remaining steps did not run for it is pruned (even if another
+def test_branch_status_rule_dropped_vs_ok_at_the_choose_that_dropped_it():
+    """A branch a choose did not keep, whose remaining steps did not run for it, is dropped (even if another
     branch computed them); a branch that ends at the choose that dropped it is ok."""
     p = Pipeline("p").source(steps.source).explore("a", grid(steps.add, n=[1, 2]))
     ends = p.choose("x").compile()
@@ -365,7 +365,7 @@ def test_random_event_orders_keep_the_invariants(shape, seed, fail_rate, drop):
     rows = s.rows()
     assert len(rows) == len(c.branches)
     for r in rows:
-        assert r.status in ("ok", "failed", "pruned", "cancelled"), r.status
+        assert r.status in ("ok", "failed", "dropped", "cancelled"), r.status
         assert not r.chosen or r.status == "ok"
         assert (r.status == "failed") == (r.error is not None)
     for j, name in s.result_names().items():

@@ -39,7 +39,8 @@ from .protocol import COLORS, PLUGIN_NAME
 __all__ = ["exploration_doc", "report_lines", "training_doc", "tree_layout"]
 
 LATEST = "(latest)"
-MAX_LABELLED = 200  # branches; above this the tree shows its labels on hover only
+MAX_ROWS = 150  # leaves the explore tree draws, one label row each; more branches are collapsed (tree_layout)
+ROW_PX = 16  # the height of one row of the tree
 
 
 def _plugin(scheduler):
@@ -56,68 +57,142 @@ def _legend_html() -> str:
     return f'<div style="font-size:12px">{items}</div>'
 
 
-def tree_layout(branches: list[dict], root: str) -> dict:
-    """Node and edge coordinates of the explore tree: depth on x, leaves (branches) spread on y."""
-    nodes: dict[tuple, dict] = {(): {"label": root, "depth": 0, "leaves": [], "status": None, "branch": None}}
+def _branch_info(b: dict) -> str:
+    metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in b["metrics"].items())
+    info = f"#{b['id']} {b['status']}" + (f"  {metrics}" if metrics else "")
+    if b.get("pruned_at") is not None:
+        info += f"  pruned at iteration {b['pruned_at']}"
+    elif b.get("iterations"):
+        info += f"  {b['iterations']} iterations"
+    if isinstance(b.get("last_report"), (int, float)):
+        info += f" (last report {b['last_report']:.4g})"
+    if b.get("error"):
+        info += f"  {b['error'][:120]}"
+    return info
+
+
+#: the order a collapsed group's colour is picked in: the first status any of its branches has
+_GROUP_COLOUR = ("chosen", "running", "waiting", "done", "failed", "pruned", "dropped", "cancelled")
+
+
+def _group_status(statuses: list[str]) -> str:
+    present = set(statuses)
+    return next((s for s in _GROUP_COLOUR if s in present), statuses[0] if statuses else "waiting")
+
+
+def _counts_text(statuses: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for st in statuses:
+        counts[st] = counts.get(st, 0) + 1
+    order = sorted(counts, key=lambda st: _GROUP_COLOUR.index(st) if st in _GROUP_COLOUR else len(_GROUP_COLOUR))
+    return ", ".join(f"{counts[st]} {st}" for st in order)
+
+
+def tree_layout(branches: list[dict], root: str, max_rows: int = MAX_ROWS) -> dict:
+    """Node and edge coordinates of the explore tree: depth on x, one row per shown leaf on y.
+
+    Every shown leaf has a row of its own, so its label never overlaps another: with more than
+    ``max_rows`` branches the tree is cut at the deepest explore that still fits, each node there
+    standing for its branches (``"model=svc: 400 branches (1 chosen, 399 dropped)"``, coloured by
+    its most telling status: chosen, then running...), and when even the first explore has more
+    alternatives than rows, consecutive ones are grouped. ``rows``: the rows drawn (the page's
+    height follows them).
+
+    >>> bs = [{"id": i, "choices": {"a": f"x{i // 10}", "b": f"y{i}"}, "status": "chosen" if i == 7 else "dropped",
+    ...        "metrics": {}} for i in range(40)]
+    >>> cut = tree_layout(bs, "demo", max_rows=5)
+    >>> cut["rows"], [t for t in cut["nodes"]["label"] if t.startswith("a=x0")]
+    (4, ['a=x0: 10 branches (1 chosen, 9 dropped)'])
+    >>> tree_layout(bs, "demo", max_rows=3)["nodes"]["label"][1]
+    'a=x0 … a=x1: 20 branches (1 chosen, 19 dropped)'
+    """
+    nodes: dict[tuple, dict] = {(): {"label": root, "depth": 0, "leaves": [], "branch": None, "children": []}}
     order: list[tuple] = [()]
     for n, b in enumerate(branches):
         path: tuple = ()
         items = list(b["choices"].items()) or [("branch", f"#{b['id']}")]
         for depth, (name, text) in enumerate(items, start=1):
-            path = path + ((name, text),)
+            parent, path = path, path + ((name, text),)
             if path not in nodes:
-                nodes[path] = {"label": f"{name}={text}", "depth": depth, "leaves": [], "status": None, "branch": None}
+                nodes[path] = {"label": f"{name}={text}", "depth": depth, "leaves": [], "branch": None, "children": []}
+                nodes[parent]["children"].append(path)
                 order.append(path)
             nodes[path]["leaves"].append(n)
-        nodes[path]["status"] = b["status"]
         nodes[path]["branch"] = b
     nodes[()]["leaves"] = list(range(len(branches)))
+
+    def rows_at(cut: int) -> list[tuple]:
+        """The shown leaves when the tree is cut at depth ``cut``, in order."""
+        return [p for p in order if 0 < nodes[p]["depth"] <= cut
+                and (nodes[p]["depth"] == cut or nodes[p]["branch"] is not None and not nodes[p]["children"])]
+
+    deepest = max((nodes[p]["depth"] for p in order), default=0)
+    cut = deepest
+    while cut > 1 and len(rows_at(cut)) > max_rows:
+        cut -= 1
+    shown = rows_at(cut)
+    grouped: list[tuple] = []
+    if len(shown) > max_rows:  # the first explore alone has more alternatives than rows: group them in runs
+        size = -(-len(shown) // max_rows)
+        for start in range(0, len(shown), size):
+            run = shown[start:start + size]
+            key = ("group", start)
+            first, last = nodes[run[0]]["label"], nodes[run[-1]]["label"]
+            nodes[key] = {"label": first if len(run) == 1 else f"{first} … {last}", "depth": 1,
+                          "leaves": [i for p in run for i in nodes[p]["leaves"]], "branch": None, "children": []}
+            grouped.append(key)
+        nodes[()]["children"] = grouped
+        shown = grouped
+    collapsed = {p for p in shown if nodes[p]["children"] or nodes[p]["branch"] is None}
+    row_of = {p: float(r) for r, p in enumerate(shown)}
+
+    def y_of(p: tuple) -> float:  # a shown row's own; an inner node's, the mean of its children's
+        if p in row_of:
+            return row_of[p]
+        ys = [y_of(c) for c in nodes[p]["children"]]
+        return sum(ys) / len(ys) if ys else 0.0
+
+    drawn = [()] + (grouped if grouped else [p for p in order if 0 < nodes[p]["depth"] <= cut])
     out = {k: [] for k in ("x", "y", "color", "label", "status", "size", "line", "width", "info")}
     edges = {k: [] for k in ("x0", "y0", "x1", "y1", "color", "width")}
-    pos = {}
-    for path in order:
+    parent_of = {c: p for p in nodes for c in nodes[p]["children"]}
+    for path in drawn:
         nd = nodes[path]
-        y = sum(nd["leaves"]) / len(nd["leaves"]) if nd["leaves"] else 0.0
-        pos[path] = (nd["depth"], y)
-        b = nd["branch"]
+        y = y_of(path)
+        statuses = [branches[i]["status"] for i in nd["leaves"]]
+        b = nd["branch"] if path not in collapsed else None
         if b is not None:
             status = b["status"]
-            metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in b["metrics"].items())
-            info = f"#{b['id']} {status}" + (f"  {metrics}" if metrics else "")
-            if b.get("pruned_at") is not None:
-                info += f"  pruned at iteration {b['pruned_at']}"
-            elif b.get("iterations"):
-                info += f"  {b['iterations']} iterations"
-            if isinstance(b.get("last_report"), (int, float)):
-                info += f" (last report {b['last_report']:.4g})"
-            if b.get("error"):
-                info += f"  {b['error'][:120]}"
+            info = _branch_info(b)
+            label = f"{nd['label']}  {info}"
+        elif path in collapsed:
+            status = _group_status(statuses)
+            info = f"{nd['label']}: {len(statuses)} branches ({_counts_text(statuses)})"
+            label = info
         else:
-            statuses = {branches[i]["status"] for i in nd["leaves"]}
             status = "chosen" if "chosen" in statuses else ("running" if "running" in statuses else "inner")
             info = f"{nd['label']}: {len(nd['leaves'])} branch(es)"
-        chosen_path = any(branches[i]["status"] == "chosen" for i in nd["leaves"])
+            label = nd["label"]
+        chosen_path = "chosen" in statuses
+        leaf = path in row_of
         out["x"].append(float(nd["depth"]))
         out["y"].append(float(y))
-        out["color"].append(COLORS.get(status, "#ffffff") if b is not None else "#ffffff")
-        if len(branches) > MAX_LABELLED:  # thousands of labels make the plot unreadable and slow: hover instead
-            out["label"].append("" if b is not None else (nd["label"] if nd["depth"] <= 1 else ""))
-        else:
-            out["label"].append(nd["label"] if b is None else f"{nd['label']}  {info}")
+        out["color"].append(COLORS.get(status, "#ffffff") if leaf else "#ffffff")
+        out["label"].append(label)
         out["status"].append(status)
-        out["size"].append(14 if b is not None else 10)
+        out["size"].append(14 if leaf else 10)
         out["line"].append("#e6550d" if chosen_path else "#636363")
-        out["width"].append(3 if (b is not None and status == "chosen") else 1)
+        out["width"].append(3 if (leaf and status == "chosen") else 1)
         out["info"].append(info)
         if path:
-            px, py = pos[path[:-1]]
-            edges["x0"].append(float(px))
-            edges["y0"].append(float(py))
+            parent = parent_of.get(path, ())
+            edges["x0"].append(float(nodes[parent]["depth"]))
+            edges["y0"].append(float(y_of(parent)))
             edges["x1"].append(float(nd["depth"]))
             edges["y1"].append(float(y))
             edges["color"].append("#e6550d" if chosen_path else "#bdbdbd")
             edges["width"].append(3 if chosen_path else 1)
-    return {"nodes": out, "edges": edges}
+    return {"nodes": out, "edges": edges, "rows": len(shown)}
 
 
 def _pick_run(plugin, selected: str | None) -> dict | None:
@@ -228,8 +303,15 @@ class ExplorationPage(_RunPage):
         self.nodes.data = layout["nodes"]
         self.edges.data = layout["edges"]
         depth = max(layout["nodes"]["x"] or [0])
+        rows = layout["rows"]
+        self.fig.height = max(420, rows * ROW_PX + 90)  # a row per shown leaf: labels never overlap
         self.fig.x_range.start, self.fig.x_range.end = -0.2, depth + 1.6
-        self.fig.y_range.start, self.fig.y_range.end = -1, max(len(run["branches"]), 1)
+        self.fig.y_range.start, self.fig.y_range.end = -1, max(rows, 1)
+        if rows < len(run["branches"]):
+            self.fig.title.text = (f"Explore tree: {len(run['branches'])} branches shown as {rows} rows "
+                                   "(a node stands for the branches under it; the table below lists each)")
+        else:
+            self.fig.title.text = "Explore tree (x: explore depth; one leaf per branch)"
         self._table(run)
 
     def _table(self, run: dict) -> None:
@@ -313,6 +395,19 @@ _CURVES = [
 ]
 
 
+MAX_LEGEND = 16  # report curves; with more, the legend would hide the plot: hover names each line
+
+
+def panels_with_data(lines: dict[str, dict[str, list]]) -> list[str]:
+    """The training panels to show: those with at least one line (``gpu.train`` fills them; a run
+    without it shows none of them, not six empty frames).
+
+    >>> panels_with_data({"accuracy": {"xs": [[1, 2]]}, "spread": {"xs": []}, "tuning": {"xs": []}})
+    ['accuracy']
+    """
+    return [k for k, v in lines.items() if v.get("xs")]
+
+
 def report_lines(curves: dict | None) -> dict:
     """What the reports figure draws from ``QuiverDashboard.curves_view``: one line per branch
     (colour: its status), an ``x`` where a pruned branch stopped (at ``pruned_at``, on its
@@ -324,7 +419,7 @@ def report_lines(curves: dict | None) -> dict:
     >>> out["lines"]["xs"], out["marks"]["x"], out["marks"]["y"], out["rungs"]["x0"], out["rungs"]["y1"]
     ([[1, 2, 3, 4], [1]], [1], [0.2], [1, 3], [0.95, 0.95])
     """
-    lines: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": [], "dash": []}
+    lines: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": [], "dash": [], "status": []}
     marks: dict[str, list] = {"x": [], "y": [], "label": []}
     values = []
     for b in (curves or {}).get("branches", ()):
@@ -333,7 +428,8 @@ def report_lines(curves: dict | None) -> dict:
         lines["xs"].append([x for x, _ in xy])
         lines["ys"].append([y for _, y in xy])
         lines["color"].append(COLORS.get(b["status"], "#636363"))
-        lines["label"].append(f"{b['label'][:60]} ({b['status']})")
+        lines["label"].append(f"{b['label'][:80]} ({b['status']})")  # the branch's choices: hover and legend
+        lines["status"].append(b["status"])
         lines["dash"].append("dashed" if b["status"] == "pruned" else "solid")
         stop = b.get("pruned_at")
         if stop is not None and 0 < stop <= len(b["curve"]) and isinstance(b["curve"][stop - 1], (int, float)):
@@ -356,7 +452,7 @@ class TrainingPage(_RunPage):
     def __init__(self, scheduler):
         super().__init__(scheduler, "<h3>Quiver: training</h3><p>No training branch has reported yet.</p>")
         self.report_sources = {
-            "lines": ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []}),
+            "lines": ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": [], "status": []}),
             "marks": ColumnDataSource({"x": [], "y": [], "label": []}),
             "rungs": ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []}),
         }
@@ -365,17 +461,22 @@ class TrainingPage(_RunPage):
         reports.segment("x0", "y0", "x1", "y1", source=self.report_sources["rungs"], line_color="#636363",
                         line_dash="dotted", line_width=1)
         drawn = reports.multi_line("xs", "ys", source=self.report_sources["lines"], line_color="color", line_width=2,
-                                   line_dash={"field": "dash"})
+                                   line_dash={"field": "dash"}, hover_line_color="color", hover_line_width=5,
+                                   legend_field="label")
+        reports.legend.location = "top_left"
+        reports.legend.label_text_font_size = "9px"
+        reports.legend.background_fill_alpha = 0.6
         ends = reports.scatter("x", "y", source=self.report_sources["marks"], marker="x", size=12, line_width=3,
                                color="#a50f15")
         reports.add_tools(HoverTool(renderers=[drawn], tooltips=[("branch", "@label"), ("iteration", "$x{0}"),
-                                                                  ("value", "$y{0.0000}")]))
+                                                                  ("value", "$y{0.0000}")], line_policy="nearest"))
         reports.add_tools(HoverTool(renderers=[ends], tooltips=[("", "@label")]))
         reports.xaxis.axis_label = "iteration (reports made)"
         reports.visible = False  # shown when the run's iterative steps have reported
         self.reports = reports
         self.sources: dict[str, ColumnDataSource] = {}
         self.points: dict[str, ColumnDataSource] = {}
+        self.panels: dict[str, Any] = {}  # field -> its figure, shown only when the run has data for it
         figs = []
         for field, title, ylabel in _CURVES:
             fig = figure(height=260, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
@@ -390,6 +491,8 @@ class TrainingPage(_RunPage):
             fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9px"
             fig.legend.background_fill_alpha = 0.5
+            fig.visible = False
+            self.panels[field] = fig
             figs.append(fig)
         tune = figure(height=260, sizing_mode="stretch_width", title="Auto-tuner: total samples/s per replica count",
                       tools="pan,wheel_zoom,reset,save,hover", tooltips=[("branch", "@label"), ("replicas", "$x{0}"),
@@ -400,6 +503,8 @@ class TrainingPage(_RunPage):
         tune.scatter("x", "y", source=self.points["tuning"], color="color", size=8)
         tune.xaxis.axis_label = "replicas per worker"
         tune.yaxis.axis_label = "samples/s (all workers)"
+        tune.visible = False
+        self.panels["tuning"] = tune
         figs.append(tune)
         grid_rows = [row(figs[i], figs[i + 1], sizing_mode="stretch_width") for i in range(0, len(figs) - 1, 2)]
         if len(figs) % 2:
@@ -415,6 +520,7 @@ class TrainingPage(_RunPage):
         if curves is None:
             return ""
         n = len(curves["branches"])
+        self.reports.legend.visible = n <= MAX_LEGEND  # beyond, hover a line for its configuration
         pruned = len(drawn["marks"]["x"])
         rungs = ", ".join(str(r) for r in curves["rungs"])
         self.reports.title.text = (
@@ -484,6 +590,9 @@ class TrainingPage(_RunPage):
         for k, src in self.sources.items():
             src.data = lines[k]
             self.points[k].data = pts[k]
+        shown = panels_with_data(lines)
+        for k, fig in self.panels.items():
+            fig.visible = k in shown
         title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
         raw = plugin.runs.get(run["run"]) if run is not None else None
         reported = self.show_reports(plugin.curves_view(raw) if raw is not None else None)

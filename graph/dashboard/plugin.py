@@ -44,6 +44,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..state.ranking import best as best_index
 from ..spec import PruneSpec
+from ..state.status import live_status, stopped_status
 from .protocol import (
     COLORS,
     EXPLORATION_PAGE,
@@ -202,8 +203,7 @@ class QuiverDashboard(SchedulerPlugin):
             if kind == "end":
                 if msg.get("error"):  # stopped early: what had not finished never will
                     for b in run["branches"]:
-                        if b["status"] in ("waiting", "running"):
-                            b["status"] = "cancelled"
+                        b["status"] = stopped_status(b["status"])
                 run["state"] = "failed" if msg.get("error") else "finished"
                 run["finished"] = msg.get("time", time.time())
                 run["stats"] = msg.get("stats") or {}
@@ -258,16 +258,13 @@ class QuiverDashboard(SchedulerPlugin):
 
     # ---- views -------------------------------------------------------------------------------
     def _live_status(self, b: dict) -> str:
-        """Refine a running branch with the scheduler's own task states: running only if a task of it is."""
+        """A running branch with the scheduler's own task states (the rule: ``graph.state.status.live_status``)."""
         status = b["status"]
         if status != "running" or self.scheduler is None:
             return status
         tasks = self.scheduler.tasks
-        for key in b["lineage"]:
-            ts = tasks.get(key)
-            if ts is not None and ts.state == "processing":
-                return "running"
-        return "waiting"
+        processing = any((ts := tasks.get(key)) is not None and ts.state == "processing" for key in b["lineage"])
+        return live_status(status, processing)
 
     def branches_of(self, task: str) -> list[tuple[str, int]]:
         """``(run, branch id)`` of every branch whose path contains the task ``task``, oldest run first."""

@@ -18,8 +18,9 @@ plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
   record per epoch (accuracy and loss of z, replica spread, samples/s, replicas,
   sync and compute seconds), ``tuning`` (the auto-tuner's curve) and ``end``.
 
-Branch statuses: ``waiting``, ``running``, ``done`` (its metric or value is in),
-``failed``, ``pruned``, ``cancelled``, ``chosen``.
+Branch statuses (:mod:`graph.state.status`): ``waiting``, ``running``, ``done`` (its metric or
+value is in), ``failed``, ``dropped`` (lost a choose), ``pruned`` (stopped mid-training by a
+pruning choose), ``cancelled``, ``chosen``.
 
 >>> jsonable({"a": float("nan"), "b": (1, 2.5), 3: "x"})
 {'a': None, 'b': [1, 2.5], '3': 'x'}
@@ -38,6 +39,7 @@ import time
 from typing import Any
 
 from ..state.halving import curve_choose
+from ..state.status import COLORS, STATUSES, final_status  # their one owner; re-exported here
 
 __all__ = [
     "COLORS",
@@ -56,7 +58,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The scheduler plugin's name, its pages and JSON route, and the status colours the pages use.
+# The scheduler plugin's name, its pages and JSON route.
 PLUGIN_NAME = "quiver-dashboard"
 EXPLORATION_PAGE = "quiver-exploration"
 TRAINING_PAGE = "quiver-training"
@@ -64,19 +66,8 @@ JSON_PATH = "quiver/api/state.json"
 MAX_RUNS = 20
 MAX_TRAININGS = 200
 
-COLORS = {
-    "waiting": "#c7c7c7",
-    "running": "#3182bd",
-    "done": "#74c476",
-    "chosen": "#e6550d",
-    "failed": "#252525",
-    "pruned": "#fdd0a2",
-    "cancelled": "#9e9ac8",
-}
-
 EXPLORATION_TOPIC = "quiver-exploration"
 TRAINING_TOPIC = "quiver-training"  # gpu/training.py publishes under the same name (gpu cannot import graph)
-STATUSES = ("waiting", "running", "done", "failed", "pruned", "cancelled", "chosen")
 MAX_PUBLISHED_BRANCHES = 10000  # past this, a run publishes its summary only (events stay small)
 MAX_QUEUED = 8  # messages waiting for the sender thread; past this, updates are dropped
 
@@ -102,13 +93,6 @@ def jsonable(value: Any, depth: int = 0) -> Any:
         return fn_name(value)
     text = str(value)
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def final_status(table_status: str, chosen: bool) -> str:
-    """The dashboard status of a finished branch from its table ``status`` and ``chosen``."""
-    if table_status == "ok":
-        return "chosen" if chosen else "done"
-    return table_status
 
 
 def _pipeline_name(spec: Any) -> str:

@@ -3,8 +3,8 @@
 * :mod:`graph.state.order`: the run's targets and their order (one function for the
   executor's priorities and the memory plan's model);
 * :mod:`graph.state.events`: the events the driver feeds in and the instructions it gets back;
-* :mod:`graph.state.machine`: :class:`ExplorationState`, every decision of a run, and the
-  branch status rule;
+* :mod:`graph.state.machine`: :class:`ExplorationState`, every decision of a run;
+* :mod:`graph.state.status`: branch statuses, their rule and their colours;
 * :mod:`graph.state.rows`: a branch's final state (a row of the table);
 * :mod:`graph.state.ranking`: best first, a choose's decision, the threshold;
 * :mod:`graph.state.halving`: a pruning choose's rule (asynchronous successive halving);
@@ -59,7 +59,8 @@ __all__ = [
 
 _EVENTS = {n for n in __all__ if n[0].isupper() and n not in ("ExplorationState", "METRIC_ERROR_MODES", "Target")}
 _LAZY = {n: "graph.state.events" for n in _EVENTS}
-_LAZY.update({n: "graph.state.machine" for n in ("ExplorationState", "METRIC_ERROR_MODES", "branch_status")})
+_LAZY.update({n: "graph.state.machine" for n in ("ExplorationState", "METRIC_ERROR_MODES")})
+_LAZY["branch_status"] = "graph.state.status"
 _LAZY.update({n: "graph.state.order" for n in ("Target", "priority", "run_order", "run_targets")})
 
 

@@ -7,7 +7,7 @@ these metrics, release or cancel these results, show this, stop), the way
 submit and with which priority (depth-first up to the next choose), what to hold and
 release, what to recompute under a distinct name (``<key>~againN``), what each choose
 keeps (:func:`graph.state.ranking.decide`), when the same metric mistake stops the run, and
-every branch's status; and, for iterative steps, their reports and the pruning choose's
+every branch's status (the rule: :mod:`graph.state.status`); and, for iterative steps, their reports and the pruning choose's
 halving rule (:class:`graph.state.halving.Halving`): a :class:`Report` at a rung is answered with
 an :class:`Answer`, a pruned branch's step is stopped (docs/architecture.md §7.2). The
 driver (``graph.executor``) only talks to the Client.
@@ -35,7 +35,7 @@ from ..keys import original_key, recompute_key, step_name
 from ..wrappers import layers
 from .halving import Halving, curve_choose
 from .metric import extract_metric, metric_failure_cause
-from .ranking import decide, meets, sort_key
+from .ranking import best_so_far, decide, meets
 from .events import (
     Abort,
     Answer,
@@ -60,6 +60,7 @@ from .events import (
 )
 from .order import Target, priority, run_targets
 from .rows import RowState
+from .status import branch_status, end_status, final_status
 
 __all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status"]
 
@@ -93,40 +94,6 @@ class _Tip:
     @property
     def resolved(self) -> bool:
         return self.state in (DONE, FAILED)
-
-
-def branch_status(failed: bool, decisions: list, ends_at_drop: bool, done: bool, stopped: bool,
-                  running: bool, metric_in: bool, aborted: bool) -> str:
-    """The one rule for a branch's status (docs/architecture.md §4).
-
-    Final statuses (the table's): ``failed`` (a step or metric read of it failed),
-    ``cancelled`` (a first-k-above-threshold choose cancelled it, or the run was stopped
-    before it resolved), ``pruned`` (a choose dropped it before its remaining steps ran,
-    even if a store or another branch computed them; or a pruning choose stopped it), ``ok``
-    (everything ran: its value, or its metric at the choose that dropped it, is in).
-    Before that: ``running`` (some task of it is submitted), ``done`` (its metric is in,
-    the choose has not decided), ``waiting``.
-
-    >>> branch_status(False, ["drop"], ends_at_drop=False, done=False, stopped=False, running=False, metric_in=True, aborted=False)
-    'pruned'
-    >>> branch_status(False, ["drop"], ends_at_drop=True, done=False, stopped=False, running=False, metric_in=True, aborted=False)
-    'ok'
-    """
-    if failed:
-        return "failed"
-    if "cancel" in decisions:
-        return "cancelled"
-    if "drop" in decisions:
-        return "ok" if ends_at_drop else "pruned"
-    if stopped:
-        return "pruned"
-    if done:
-        return "ok"
-    if aborted:
-        return "cancelled"
-    if running:
-        return "running"
-    return "done" if metric_in else "waiting"
 
 
 class ExplorationState:
@@ -516,10 +483,8 @@ class ExplorationState:
             self.completion[t.choose].append(t.index)
             if tip.metric is not None and meets_threshold(self.c.chooses[t.choose].spec, tip.metric):
                 self.group_reached[(t.choose, self.group_of[(t.choose, t.index)])] += 1
-            if t.choose == self.last_choose and tip.metric == tip.metric:
-                mode = self.c.chooses[t.choose].spec.mode
-                if self.best is None or sort_key(tip.metric, t.index, mode) < sort_key(self.best[0], self.best[1], mode):
-                    self.best = (tip.metric, t.index)
+            if t.choose == self.last_choose:
+                self.best = best_so_far(self.best, tip.metric, t.index, self.c.chooses[t.choose].spec.mode)
             self._check_metric_alarm(t.choose)
         if not self.first_result:
             self.first_result = True
@@ -811,8 +776,7 @@ class ExplorationState:
         rows = []
         for j in sorted(self._dirty_outputs):
             status = self.status(j)
-            if status == "ok":
-                status = "chosen" if self.chosen(j, status) else "done"
+            status = final_status(status, self.chosen(j, status))
             failed = self._failure(j)
             row = (j, status, self._metrics_of(j), failed.error if failed else None)
             if self.iterative:  # iterative runs: reports made, the iteration it was pruned at, its curve
@@ -912,8 +876,7 @@ class ExplorationState:
             failed = self._failure(j)
             status = self.status(j)
             history = self.branch_history(j)
-            if status in ("running", "waiting", "done"):
-                status = "cancelled" if self.aborted is not None else "pruned"
+            status = end_status(status, self.aborted is not None)
             rows.append(
                 RowState(
                     branch=b,

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ChooseOutcome", "best", "decide", "rank", "meets", "sort_key"]
+__all__ = ["ChooseOutcome", "best", "best_so_far", "decide", "rank", "meets", "sort_key"]
 
 
 @dataclass
@@ -40,20 +40,32 @@ def rank(metrics: Mapping[int, float], mode: str) -> list[int]:
     return sorted(metrics, key=lambda i: sort_key(metrics[i], i, mode))
 
 
+def best_so_far(current: tuple[float, int] | None, metric: float | None, index: int, mode: str) -> tuple[float, int] | None:
+    """``(metric, index)`` of the better of ``current`` (``None``: nothing yet) and a new
+    ``metric`` of branch ``index``; a missing or NaN metric never wins. The one rule for
+    "best so far" (the run's progress line one result at a time, :func:`best` over many).
+
+    >>> best_so_far(None, 0.5, 3, "max"), best_so_far((0.9, 1), 0.9, 0, "max"), best_so_far((0.9, 1), float("nan"), 0, "min")
+    ((0.5, 3), (0.9, 0), (0.9, 1))
+    """
+    if metric is None or metric != metric:
+        return current
+    if current is None or sort_key(metric, index, mode) < sort_key(current[0], current[1], mode):
+        return (metric, index)
+    return current
+
+
 def best(metrics: Mapping[int, float], mode: str) -> int | None:
-    """The index of the best numeric metric (ties: the lower index), ``None`` if none is a number.
-    The one rule for "best so far" (progress line, dashboard).
+    """The index of the best numeric metric (ties: the lower index), ``None`` if none is a number
+    (:func:`best_so_far` over ``metrics``; the dashboard's "best").
 
     >>> best({3: 0.5, 1: 0.9, 2: 0.9, 0: float("nan")}, "max"), best({0: float("nan")}, "min")
     (1, None)
     """
     pick = None
     for i, m in metrics.items():
-        if m is None or m != m:
-            continue
-        if pick is None or sort_key(m, i, mode) < sort_key(metrics[pick], pick, mode):
-            pick = i
-    return pick
+        pick = best_so_far(pick, m, i, mode)
+    return None if pick is None else pick[1]
 
 
 def meets(metric: float, threshold: float, mode: str) -> bool:

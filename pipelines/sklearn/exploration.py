@@ -123,7 +123,7 @@ def build(
     if not splits:
         raise ValueError("the cross-validation gave no splits")
     if threads is None:
-        from graph.cluster import default_workers
+        from gpu.clusters import default_workers
 
         threads = default_workers()
     groups = fold_groups(math.prod(len(a) for a in levels.alternatives), len(splits), threads)

@@ -15,7 +15,7 @@ Nothing here talks to a cluster (``tests/test_layout.py`` checks it); ``graph.ex
 the thin driver that does, with ``graph.packing`` (the claim table on the scheduler) and
 ``graph.watchdog`` (the thread that samples the scheduler). Names load
 on first use, so ``graph.memory.plan`` (imported on workers) reads the order without loading
-the machine (and pandas, through the table rows).
+the machine.
 
 >>> from graph.state import Start, TaskFinished, Submit
 >>> TaskFinished("load-1")

@@ -147,27 +147,29 @@ def exploration(prune: bool = True, epochs: int = 9, pause: float = 0.15):
 
 @dataclass(frozen=True)
 class Fault:
-    """One run's fault: ``kind`` strikes ``at`` s after the run starts, lasts ``hold`` s (a stop,
+    """One run's fault: ``kind`` strikes ``share`` of a fault-free run's time after the run
+    starts (so a replay strikes at the same point of the run on a faster or slower machine), lasts ``hold`` s (a stop,
     a link down; for ``worker_kill2`` the wait before the second kill), on ``target`` (a worker
     index), and ends with ``then`` (``"cont"`` or ``"kill"`` for the stops)."""
 
     kind: str
-    at: float
+    share: float
     hold: float = 0.0
     target: int = 0
     then: str = ""
 
 
-def draw_fault(seed: int, run: int, kinds: tuple[str, ...], run_seconds: float, stall: float) -> Fault:
+def draw_fault(seed: int, run: int, kinds: tuple[str, ...], stall: float) -> Fault:
     """Run ``run``'s fault, the same for the same ``(seed, run)`` whatever else is drawn (a failing
     run replays with ``--only``): the kind in turn (``run % len(kinds)``, so every kind gets its
-    share), the moment uniformly over the first 90% of a fault-free run, a stop held past
+    share), the moment uniformly over 5-70% of a fault-free run (runs on a loaded machine vary by
+    a third: most faults still strike before the end), a stop held past
     ``stall`` by 1-12 s.
 
-    >>> f = draw_fault(0, 3, ("worker_kill", "worker_stop"), 10.0, 5.0)
-    >>> f.kind, 0 <= f.at <= 9.0, f.hold > 5.0, f.then in ("cont", "kill")
+    >>> f = draw_fault(0, 3, ("worker_kill", "worker_stop"), 5.0)
+    >>> f.kind, 0.05 <= f.share <= 0.7, f.hold > 5.0, f.then in ("cont", "kill")
     ('worker_stop', True, True, True)
-    >>> draw_fault(0, 3, ("worker_kill", "worker_stop"), 10.0, 5.0) == f
+    >>> draw_fault(0, 3, ("worker_kill", "worker_stop"), 5.0) == f
     True
     """
     if not kinds:
@@ -177,7 +179,7 @@ def draw_fault(seed: int, run: int, kinds: tuple[str, ...], run_seconds: float, 
         raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
     rng = random.Random(f"chaos-{seed}-{run}")
     kind = kinds[run % len(kinds)]
-    at = round(rng.uniform(0.05, 0.9) * run_seconds, 2)
+    at = round(rng.uniform(0.05, 0.7), 3)
     target = rng.randrange(2)
     if kind in ("worker_stop", "scheduler_stop"):
         return Fault(kind, at, round(stall + rng.uniform(1.0, 12.0), 2), target, rng.choice(("cont", "kill")))
@@ -294,19 +296,22 @@ def judge(outcome: dict, ref: dict, finals: dict, *, stall: float, fault_at: flo
 
 
 def tally(records: list[dict]) -> dict[str, dict[str, int]]:
-    """Counts per fault kind: runs, and each verdict, plus ``leftovers`` and ``bad_store``.
+    """Counts per fault kind: runs, each verdict, ``leftovers`` and ``bad_store`` (runs that left a
+    process or namespace, or stored a wrong value), and ``missed`` (runs that ended before their
+    fault's moment: no evidence either way).
 
-    >>> tally([{"fault": {"kind": "link"}, "verdict": "same", "leftovers": [], "store_errors": []},
-    ...        {"fault": {"kind": "link"}, "verdict": "runerror", "leftovers": ["123"], "store_errors": []}])["link"]
-    {'runs': 2, 'same': 1, 'runerror': 1, 'hang': 0, 'wrong': 0, 'leftovers': 1, 'bad_store': 0}
+    >>> tally([{"fault": {"kind": "link"}, "verdict": "same", "leftovers": [], "store_errors": [], "fault_at": 2.0},
+    ...        {"fault": {"kind": "link"}, "verdict": "runerror", "leftovers": ["123"], "store_errors": [], "fault_at": None}])["link"]
+    {'runs': 2, 'same': 1, 'runerror': 1, 'hang': 0, 'wrong': 0, 'leftovers': 1, 'bad_store': 0, 'missed': 1}
     """
     out: dict[str, dict[str, int]] = {}
     for r in records:
-        c = out.setdefault(r["fault"]["kind"], {"runs": 0, **{v: 0 for v in VERDICTS}, "leftovers": 0, "bad_store": 0})
+        c = out.setdefault(r["fault"]["kind"], {"runs": 0, **{v: 0 for v in VERDICTS}, "leftovers": 0, "bad_store": 0, "missed": 0})
         c["runs"] += 1
         c[r["verdict"]] += 1
         c["leftovers"] += bool(r["leftovers"])
         c["bad_store"] += bool(r["store_errors"])
+        c["missed"] += r.get("fault_at", 0.0) is None
     return out
 
 
@@ -562,8 +567,8 @@ def check_store(store: Path, truth: dict) -> list[str]:
 
 
 def run_once(*, kind_of_cluster: str, workdir: Path, store: Path, stall: float, fault: Fault | None,
-             outer: float, no_prune: bool = False, pause: float = 0.15) -> dict:
-    """One run on a fresh cluster, with ``fault`` (or none); the raw record (not yet judged)."""
+             outer: float, at: float = 0.0, no_prune: bool = False, pause: float = 0.15) -> dict:
+    """One run on a fresh cluster, with ``fault`` (or none) ``at`` s after its start; the raw record (not yet judged)."""
     tag = f"{os.getpid()}-{workdir.name}"
     workdir.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
@@ -589,7 +594,7 @@ def run_once(*, kind_of_cluster: str, workdir: Path, store: Path, stall: float, 
             time.sleep(0.02)
         t0 = time.monotonic()  # within ~20 ms of the client's own start mark
         if fault is not None:
-            while time.monotonic() < t0 + fault.at and client.poll() is None:
+            while time.monotonic() < t0 + at and client.poll() is None:
                 time.sleep(0.01)
             if client.poll() is None and not out.exists():
                 fault_at = time.monotonic() - t0
@@ -657,21 +662,25 @@ def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir
     echo(f"fault-free run: {ref['seconds']:.1f} s, chosen {ref['summary']['value']}, {len(ref['truth'])} stored results")
     records = []
     for i in (only if only else range(runs)):
-        fault = draw_fault(seed, i, kinds, ref["seconds"], stall)
+        fault = draw_fault(seed, i, kinds, stall)
+        at = round(fault.share * ref["seconds"], 2)
         store = workdir / f"store-{i}"
-        outer = fault.at + fault.hold + stall + 30 + ref["seconds"] + 60
+        outer = at + fault.hold + stall + 30 + ref["seconds"] + 60
         started = time.monotonic()
         raw = run_once(kind_of_cluster="hosts" if fault.kind in NAMESPACE_KINDS else "local", workdir=workdir / f"run-{i}",
-                       store=store, stall=stall, fault=fault, outer=outer, pause=pause)
+                       store=store, stall=stall, fault=fault, at=at, outer=outer, pause=pause)
         verdict, why = judge(raw["outcome"], ref["summary"], ref["finals"], stall=stall, fault_at=raw["fault_at"])
         store_errors = check_store(store, ref["truth"]) if store.exists() else []
-        rec = {"run": i, "fault": asdict(fault), "verdict": verdict, "why": why, "fault_at": raw["fault_at"],
+        ended = raw["outcome"].get("ended")
+        rec = {"run": i, "fault": asdict(fault), "at": at, "verdict": verdict, "why": why, "fault_at": raw["fault_at"],
+               "after_fault": None if ended is None or raw["fault_at"] is None else round(ended - raw["fault_at"], 1),
                "ended": raw["outcome"].get("ended"), "leftovers": raw["leftovers"], "store_errors": store_errors,
                "log": raw["log"], "seconds": round(time.monotonic() - started, 1)}
         records.append(rec)
         flag = "" if verdict in ("same", "runerror") and not raw["leftovers"] and not store_errors else "  <-- FAILED"
-        echo(f"run {i:3d} {fault.kind:15s} at {fault.at:5.2f} s hold {fault.hold:5.2f} {fault.then:4s} -> {verdict:8s}"
+        echo(f"run {i:3d} {fault.kind:15s} at {at:5.2f} s hold {fault.hold:5.2f} {fault.then:4s} -> {verdict:8s}"
              f" ended {rec['ended'] if rec['ended'] is None else round(rec['ended'], 1)} s"
+             f"{' (no fault: the run ended first)' if raw['fault_at'] is None else ''}"
              f"{' ' + why[:110] if why else ''}{flag}")
         for what in raw["leftovers"] + store_errors:
             echo(f"        {what}")
@@ -684,8 +693,33 @@ def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir
             "records": records}
 
 
+def merge(before: dict, part: dict) -> dict:
+    """A campaign run in parts (``--first``/``--append``): the records of both, counted together;
+    refused if the parts differ in seed or stall_timeout, or run a number twice."""
+    for k in ("seed", "stall_timeout"):
+        if before.get(k) != part.get(k):
+            raise SystemExit(f"--append: the output file has {k}={before.get(k)!r}, this part {part.get(k)!r}")
+    seen = {r["run"] for r in before["records"]}
+    twice = sorted(seen & {r["run"] for r in part["records"]})
+    if twice:
+        raise SystemExit(f"--append: run(s) {twice} are already in the output file")
+    records = sorted(before["records"] + part["records"], key=lambda r: r["run"])
+    return {**part, "runs": len(records), "kinds": sorted(set(before["kinds"]) | set(part["kinds"])),
+            "fault_free_seconds": [*_list(before["fault_free_seconds"]), *_list(part["fault_free_seconds"])],
+            "counts": tally(records), "passed": passed(records), "records": records,
+            "wall_seconds": round(before["wall_seconds"] + part["wall_seconds"], 1),
+            "commands": before.get("commands", []) + part["commands"],
+            "load_average": [*_list(before["load_average"], nested=True), part["load_average"]]}
+
+
+def _list(x, nested: bool = False) -> list:
+    if nested:
+        return x if x and isinstance(x[0], list) else [x]
+    return x if isinstance(x, list) else [x]
+
+
 def print_counts(counts: dict) -> None:
-    cols = ("runs", "same", "runerror", "hang", "wrong", "leftovers", "bad_store")
+    cols = ("runs", "same", "runerror", "hang", "wrong", "leftovers", "bad_store", "missed")
     print(f"{'fault':16s}" + "".join(f"{c:>10s}" for c in cols))
     for kind, c in counts.items():
         print(f"{kind:16s}" + "".join(f"{c[k]:>10d}" for k in cols))
@@ -696,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=50, help="runs, each with one random fault (default 50)")
     ap.add_argument("--seed", type=int, default=0, help="seeds every random choice: the same seed replays the same faults")
     ap.add_argument("--only", default="", help="comma-separated run numbers to replay (of --seed)")
+    ap.add_argument("--first", type=int, default=0, help="number of the first run (with --append: a campaign in parts)")
+    ap.add_argument("--append", action="store_true",
+                    help="add these runs to the records already in --output (same seed and stall_timeout) and count them all")
     ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated: " + ", ".join(KINDS))
     ap.add_argument("--stall-timeout", type=float, default=5.0, help="the runs' stall_timeout (default 5 s)")
     ap.add_argument("--quick", action="store_true", help="one run per kind")
@@ -712,9 +749,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.client:
         return client_main(args)
+    # a SIGTERM (an outer timeout) ends the campaign through its finally blocks: clusters closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     try:
-        draw_fault(args.seed, 0, kinds, 1.0, 1.0)
+        draw_fault(args.seed, 0, kinds, 1.0)
     except ValueError as exc:
         ap.error(f"--kinds: {exc}")
     if args.runs < 1:
@@ -727,14 +766,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipping {', '.join(k for k in kinds if k in NAMESPACE_KINDS)}: {why}")
         kinds = tuple(k for k in kinds if k not in NAMESPACE_KINDS)
     runs = len(kinds) if args.quick else args.runs
-    only = [int(x) for x in args.only.split(",") if x.strip()] or None
+    only = [int(x) for x in args.only.split(",") if x.strip()] or list(range(args.first, args.first + runs))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="quiver-chaos-") as tmp:
-        report = campaign(runs, args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause)
+        report = campaign(len(only), args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause)
     report["wall_seconds"] = round(time.monotonic() - started, 1)
-    report["command"] = "python benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report["load_average"] = os.getloadavg()
+    report["commands"] = ["python benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])]
+    report["load_average"] = [round(x, 1) for x in os.getloadavg()]
+    if args.append and Path(args.output).exists():
+        report = merge(json.loads(Path(args.output).read_text()), report)
     print()
+    if args.append:
+        print(f"all {report['runs']} runs so far:")
     print_counts(report["counts"])
     print(f"{'PASSED' if report['passed'] else 'FAILED'}: {report['runs']} runs in {report['wall_seconds']:.0f} s "
           f"(stall_timeout {args.stall_timeout:g} s, seed {args.seed}; load average {report['load_average'][0]:.1f})")

@@ -14,6 +14,7 @@ a random moment of the run:
 ``scheduler_stop``  the scheduler SIGSTOPped for longer than ``stall_timeout``, then SIGCONT or SIGKILL
 ``link``            a worker host's network link taken down, then up again (network namespaces
                     joined by veth links, ``tests/hosts.py``; needs root and ``ip``)
+``scheduler_kill``  (only with ``--kinds``) the scheduler SIGKILLed
 =================  ==================================================================
 
 Every run must end (the rules are :func:`judge`'s) with the fault-free run's table and chosen
@@ -58,6 +59,8 @@ DASK = str(Path(sys.executable).with_name("dask"))
 TAG_VAR = "QUIVER_CHAOS_TAG"
 
 KINDS = ("worker_kill", "worker_kill2", "worker_stop", "scheduler_stop", "link")
+#: kinds only drawn when asked for (``--kinds``): beyond issue 28's list
+EXTRA_KINDS = ("scheduler_kill",)
 #: kinds that need network namespaces (root, ``ip``, ``tc``)
 NAMESPACE_KINDS = ("link",)
 #: the outcome verdicts of :func:`judge`
@@ -174,9 +177,9 @@ def draw_fault(seed: int, run: int, kinds: tuple[str, ...], stall: float) -> Fau
     """
     if not kinds:
         raise ValueError("kinds: give at least one fault kind, from " + ", ".join(KINDS))
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in KINDS + EXTRA_KINDS]
     if unknown:
-        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS + EXTRA_KINDS)}")
     rng = random.Random(f"chaos-{seed}-{run}")
     kind = kinds[run % len(kinds)]
     at = round(rng.uniform(0.05, 0.7), 3)
@@ -535,6 +538,10 @@ def inject(fault: Fault, cluster, log: list[str], t0: float) -> None:
             _signal(pid, signal.SIGKILL)
         _signal(pid, signal.SIGCONT)
         note(f"{'SIGKILL' if fault.then == 'kill' else 'SIGCONT'} pid {pid}")
+    elif fault.kind == "scheduler_kill":
+        pid = cluster.scheduler_pid()
+        _signal(pid, signal.SIGKILL)
+        note(f"SIGKILL scheduler (pid {pid})")
     elif fault.kind == "link":
         cluster.link(fault.target, up=False)
         note(f"link of worker host {fault.target} down")
@@ -733,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=0, help="number of the first run (with --append: a campaign in parts)")
     ap.add_argument("--append", action="store_true",
                     help="add these runs to the records already in --output (same seed and stall_timeout) and count them all")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated: " + ", ".join(KINDS))
+    ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated: " + ", ".join(KINDS + EXTRA_KINDS))
     ap.add_argument("--stall-timeout", type=float, default=5.0, help="the runs' stall_timeout (default 5 s)")
     ap.add_argument("--quick", action="store_true", help="one run per kind")
     ap.add_argument("--output", default=str(HERE / "results" / "chaos.json"))
@@ -779,10 +786,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.append:
         print(f"all {report['runs']} runs so far:")
     print_counts(report["counts"])
-    print(f"{'PASSED' if report['passed'] else 'FAILED'}: {report['runs']} runs in {report['wall_seconds']:.0f} s "
-          f"(stall_timeout {args.stall_timeout:g} s, seed {args.seed}; load average {report['load_average'][0]:.1f})")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1, default=repr) + "\n")
+    print(f"{'PASSED' if report['passed'] else 'FAILED'}: {report['runs']} runs in {report['wall_seconds']:.0f} s "
+          f"(stall_timeout {args.stall_timeout:g} s, seed {args.seed}; load average now {os.getloadavg()[0]:.1f})")
     return 0 if report["passed"] else 1
 
 

@@ -6,6 +6,9 @@ save what it computes, and guard the steps that must not run twice.
   loaded or run);
 - every other step (and choose-metric) task is wrapped so that the worker that computes it
   writes the result (:class:`graph.store.SaveResult`); failing steps store nothing;
+- a step a pruning rule's ``max_iter`` may cut short, and every task computed from it, neither
+  loads nor saves (:func:`capped_keys`): at the cap the step's value is its last report, under
+  the same key as a run without the cap, so the two must not share what the store holds;
 - a step marked ``not_rerunnable`` is wrapped in :class:`graph.rerun.RunOnce`.
 
 :func:`prepare` returns a :class:`PreparedRun`: the pipeline to execute (a plain
@@ -39,11 +42,12 @@ from typing import Any
 from dask.task_spec import Task
 
 from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
+from .iterative import Iterative
 from .state.halving import Pruned
 from .rerun import RunOnce, is_rerun_safe, once_name
 from .store import ResultStore, load_stored, write_result
 
-__all__ = ["PreparedRun", "SaveResult", "prepare"]
+__all__ = ["PreparedRun", "SaveResult", "capped_keys", "prepare"]
 
 
 class SaveResult:
@@ -101,15 +105,47 @@ class PreparedRun:
         }
 
 
+def capped_keys(*graphs: dict[str, Task]) -> frozenset[str]:
+    """The keys of ``graphs`` whose value a pruning rule's ``max_iter`` may cut short: the
+    iterative steps under such a rule (at the cap they return their last report, not their own
+    value) and every task that reads one, directly or not.
+
+    >>> from dask.task_spec import Task, TaskRef
+    >>> from graph.iterative import Iterative
+    >>> from graph.spec import PruneSpec
+    >>> def fit(x):
+    ...     yield {"a": x}
+    >>> def read(v): return v
+    >>> g = {"x": Task("x", read, 1), "fit": Task("fit", Iterative(fit, PruneSpec(2, 1, 4)), TaskRef("x")),
+    ...      "m": Task("m", read, TaskRef("fit"))}
+    >>> sorted(capped_keys(g)), capped_keys({**g, "fit": Task("fit", Iterative(fit, PruneSpec(2, 1)), TaskRef("x"))})
+    (['fit', 'm'], frozenset())
+    """
+    tasks = {k: t for g in graphs for k, t in g.items() if isinstance(t, Task)}
+    todo = [k for k, t in tasks.items() if isinstance(t.func, Iterative) and t.func.prune is not None
+            and t.func.prune.max_iter is not None]
+    if not todo:
+        return frozenset()
+    readers = dependents_of(tasks)
+    seen = set(todo)
+    while todo:
+        for r in readers.get(todo.pop(), ()):
+            if r not in seen:
+                seen.add(r)
+                todo.append(r)
+    return frozenset(seen)
+
+
 def _transform(
-    graph: dict[str, Task], store: ResultStore | None, run_id: str, loaded: set, saving: set, once: list
+    graph: dict[str, Task], store: ResultStore | None, run_id: str, loaded: set, saving: set, once: list,
+    unstored: frozenset = frozenset(),
 ) -> dict[str, Task]:
     out: dict[str, Task] = {}
     for key, task in graph.items():
         if not isinstance(task, Task):  # a Dask collection's data or alias node: nothing to store or guard
             out[key] = task
             continue
-        if store is not None and key in store:
+        if store is not None and key in store and key not in unstored:
             out[key] = Task(key, load_stored, store.file(key), key)
             loaded.add(key)
             continue
@@ -117,7 +153,7 @@ def _transform(
         if not is_rerun_safe(fn):
             fn = RunOnce(fn, key, run_id)
             once.append(key)
-        if store is not None:
+        if store is not None and key not in unstored:
             fn = SaveResult(fn, store.file(key), key)
             saving.add(key)
         out[key] = task if fn is task.func else Task(key, fn, *task.args, **task.kwargs)
@@ -135,8 +171,9 @@ def prepare(compiled: CompiledPipeline, store: Any = None, run_id: str = "") -> 
     loaded: set[str] = set()
     saving: set[str] = set()
     once: list[str] = []
-    graph = _transform(compiled.graph, store, run_id, loaded, saving, once)
-    metric_graph = _transform(compiled.metric_graph, store, run_id, loaded, saving, once)
+    unstored = capped_keys(compiled.graph, compiled.metric_graph) if store is not None else frozenset()
+    graph = _transform(compiled.graph, store, run_id, loaded, saving, once, unstored)
+    metric_graph = _transform(compiled.metric_graph, store, run_id, loaded, saving, once, unstored)
     new = dataclasses.replace(compiled, graph=graph, metric_graph=metric_graph)
     if loaded:
         new = _prune(new)

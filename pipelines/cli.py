@@ -250,14 +250,26 @@ def _print_result(result, out) -> None:
         print(f"chosen branch(es): {', '.join(str(i) for i in chosen.index)}", file=out)
 
 
+#: how the CLI names the run options graph.options checks
+_FLAGS = {"order": "--order", "stall_timeout": "--stall-timeout", "memory_budget": "--memory-budget",
+          "sample_sizes": "--sample-sizes", "store": "--store"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "memory_budget", None) in ("auto", 0):
-        parser.error("--memory-budget needs a size such as 2GiB")
-    if getattr(args, "sample_sizes", False) and not args.memory_budget:
-        parser.error("--sample-sizes plans memory, so it needs --memory-budget SIZE too")
     from graph.errors import PipelineError, RunError
+
+    if getattr(args, "memory_budget", None) == "auto":  # "auto" is --memory-limit's word, not a budget
+        parser.error("--memory-budget needs a size such as 2GiB")
+    if args.command == "run":  # the run options' one owner (graph.options), naming the flags
+        from graph.options import check_options
+
+        try:
+            check_options(order=args.order, stall_timeout=args.stall_timeout, memory_budget=args.memory_budget,
+                          sample_sizes=args.sample_sizes, spelled=_FLAGS)
+        except PipelineError as exc:
+            parser.error(str(exc))
 
     if args.scheduler and args.workers:  # a bad combination of arguments: exit 2, before loading the file
         parser.error("--workers applies to the embedded cluster only; drop it when using --scheduler")

@@ -28,55 +28,31 @@ def run_node(
     pack: bool = True,
     compute_value: bool = False,
 ) -> Result:
+    import contextlib
+    import time
+
     import graph
     from graph.cluster import connect
     from graph.executor import execute
+    from graph.options import check_options
     from graph.tracebacks import restore_table
-
-    from graph.watchdog import stall_seconds
-
-    try:  # one meaning (graph.watchdog.stall_seconds), refused before a cluster starts
-        stall_seconds(stall_timeout)
-    except ValueError as exc:
-        raise graph.PipelineError(str(exc)) from None
-    if order not in ("depth-first", "dask"):
-        raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
-    if on_metric_error not in ("stop", "continue"):
-        raise graph.PipelineError(
-            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
-            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
-        )
-    if not isinstance(pack, bool):
-        raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
-    import time
 
     clock = time.perf_counter()
     compiled = graph.compile(node)  # compile first: definition errors surface before a cluster starts
-    if store is not None:  # a bad store path is refused before a cluster starts
-        from graph.store import ResultStore
-
-        try:
-            store = ResultStore(store)
-        except (ValueError, OSError) as exc:
-            raise graph.PipelineError(f"store: {exc}") from None
+    # every run option is checked by its one owner (graph.options), before a cluster starts
+    store = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
+                          memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
+                          store=store).store
     from .preflight import check_run  # bad options or unpicklable steps: refused before a cluster starts
 
     check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
-    if memory_budget is not None:  # a bad budget, or a step hinted too big, fails before a cluster starts
+    if memory_budget is not None:  # a step hinted too big for the budget fails before a cluster starts
         from graph.memory.plan import plan_memory
-        from graph.memory.sizes import parse_bytes
 
-        try:
-            parse_bytes(memory_budget)
-            if disk_bandwidth is not None:
-                parse_bytes(disk_bandwidth, "disk_bandwidth")
-        except ValueError as exc:
-            raise graph.PipelineError(str(exc)) from None
         if client is None:
             from graph.cluster import default_workers
 
             plan_memory(compiled, memory_budget, workers=workers or default_workers())
-    import contextlib
 
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from graph.options import ORDERS  # the run options' one owner (light: it loads Dask only when called)
+
 __all__ = ["main", "load_node"]
 
 
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spill or recompute); on the embedded cluster it also sets each worker's memory limit",
     )
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
-    run.add_argument("--order", choices=("depth-first", "dask"), default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
+    run.add_argument("--order", choices=ORDERS, default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     run.add_argument(
         "--keep-going",

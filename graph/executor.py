@@ -188,6 +188,7 @@ class ExplorationDriver:
         self._reading = False
         self._read_due = False  # a _READ_DUE is on its way
         self._last_read = float("-inf")  # time.monotonic() of the last read's start
+        self.reads: list[tuple[float, int]] = []  # (time.monotonic(), metrics) of each metric read started
         self._inbox = _Inbox(self.events)  # lives on the client's loop
 
     def open_reports(self) -> None:
@@ -245,6 +246,7 @@ class ExplorationDriver:
             return
         self._last_read = time.monotonic()
         batch, self._to_read = self._to_read, []
+        self.reads.append((self._last_read, len(batch)))
         self._reading = True
         events = self.events
         coro = self.client.gather([f for _, f in batch], asynchronous=True)

@@ -216,3 +216,19 @@ def test_a_result_found_lost_by_its_watcher_is_watched_until_dask_has_it_again()
         assert not done.is_alive(), "the run waits for a result Dask recomputed"
         assert driver.state.lost == 1  # one loss, one watch again: no spinning on "lost"
         assert driver.state.rows()[0].status == "ok"
+
+
+def test_metric_reads_are_batched_in_time(client):
+    """A gather through the scheduler per finished metric task cost the scheduler and the
+    workers more than the tasks did: reads start at most every READ_INTERVAL seconds (unless
+    READ_BATCH metrics wait), one read for what finished meanwhile, and every metric is read."""
+    from graph import executor
+
+    drivers = []
+    node = Pipeline("reads").source(steps.source).explore("a", grid(steps.add, n=list(range(300)))).choose("x", k=2)
+    result = execute(node.compile(), client, progress=False, on_driver=drivers.append)
+    reads = drivers[0].reads
+    assert sum(n for _, n in reads) == 300  # each metric read once
+    assert [v["x"] for v in result.values] == [299, 298]
+    gaps = [b[0] - a[0] for a, b in zip(reads, reads[1:])]
+    assert all(g >= executor.READ_INTERVAL * 0.999 for g, (_, n) in zip(gaps, reads[1:]) if n < executor.READ_BATCH)

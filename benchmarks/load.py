@@ -151,12 +151,13 @@ def trivial_main(sizes: list[int], repeats: int, output: str) -> int:
     import dask
     import distributed
 
+    big = [r for r in rows if r["branches"] >= 10000]
     payload = {
         "benchmark": "load --trivial",
         "repeats": repeats,
         "rows": rows,
         "target": "10,000 trivial branches in <= 10 s (<= 1 ms per branch)",
-        "met": all(r["quiver_ms_per_branch"] <= 1.0 for r in rows if r["branches"] >= 10000) if rows else False,
+        "met": bool(big) and all(r["quiver_ms_per_branch"] <= 1.0 for r in big),  # judged at 10,000 branches only
         "versions": {"python": platform.python_version(), "dask": dask.__version__, "distributed": distributed.__version__},
         "nproc": os.cpu_count(),
         "loadavg_before": load_before,

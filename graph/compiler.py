@@ -345,11 +345,9 @@ def params_token(params: Any) -> str:
     >>> params_token((("a", 1),)) == params_token((("a", 1.0),))
     False
     """
-    import dask
     from dask.tokenize import tokenize
 
-    with dask.config.set({"tokenize.ensure-deterministic": True}):
-        return tokenize(params)
+    return tokenize(params, ensure_deterministic=True)
 
 
 def _lazy_branch(items: tuple, key: str, lineage: tuple, gates: tuple, lazy: Any) -> Branch:

@@ -35,6 +35,7 @@ from .dashboard.protocol import ExplorationPublisher, TrainingWatch
 from .errors import RunError
 from .memory.budget import BudgetedRun
 from .monitor import RunMonitor, snapshot_on_scheduler
+from .options import RunOptions, check_options
 from .progress import Progress
 from .state import (
     Abort,
@@ -93,6 +94,13 @@ class _Outcome:
 
 
 _READ_DONE = object()  # queued after a metric read's values
+_READ_DUE = object()  # queued when metric reads held back to batch them are due
+
+#: metric reads start at most this often (seconds): what finishes meanwhile goes in one read
+#: (one round trip through the scheduler per batch, not per finished task)
+READ_INTERVAL = 0.05
+#: ... unless this many metrics are waiting already
+READ_BATCH = 2000
 
 
 def _error_of(fut: Future) -> tuple[str, str]:
@@ -104,15 +112,34 @@ def _error_of(fut: Future) -> tuple[str, str]:
         return f"{type(exc).__name__}: cannot read the task's error ({exc})", ""
 
 
-async def _when_done(fut: Future, events: queue.Queue, waiting: tuple[str, ...]) -> None:
-    """On the client's loop: put ``fut``'s outcome on ``events`` once its status is not in
+class _Inbox:
+    """On the client's loop: what arrives during one turn of the loop goes to the driver's
+    queue as one list (one wake-up of the driver's thread for a whole message from the
+    scheduler, rather than one per finished task)."""
+
+    def __init__(self, events: queue.Queue):
+        self.events = events
+        self.items: list = []
+
+    def add(self, item: Any) -> None:
+        if not self.items:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.items.append(item)
+
+    def _flush(self) -> None:
+        items, self.items = self.items, []
+        self.events.put(items)
+
+
+async def _when_done(fut: Future, inbox: _Inbox, waiting: tuple[str, ...]) -> None:
+    """On the client's loop: hand ``fut``'s outcome to ``inbox`` once its status is not in
     ``waiting`` (what ``Future.add_done_callback`` does, as ``distributed.client.done_callback``
     waits, without a thread hand-off per future).  A first watch waits while ``pending``; a
     watch again after ``TaskLost`` also while ``lost`` (Dask keeps a lost future ``lost``
     until it is in memory again)."""
     while fut.status in waiting:
         await fut._state.wait()
-    events.put(_Outcome(fut.key, fut.status))
+    inbox.add(_Outcome(fut.key, fut.status))
 
 
 class ExplorationDriver:
@@ -159,6 +186,10 @@ class ExplorationDriver:
         self._owner = threading.get_ident()  # the driver's thread: the only one that feeds the machine
         self._to_read: list[tuple[str, Future]] = []  # metric tasks to read once the read in flight is back
         self._reading = False
+        self._read_due = False  # a _READ_DUE is on its way
+        self._last_read = float("-inf")  # time.monotonic() of the last read's start
+        self.reads: list[tuple[float, int]] = []  # (time.monotonic(), metrics) of each metric read started
+        self._inbox = _Inbox(self.events)  # lives on the client's loop
 
     def open_reports(self) -> None:
         """Listen to the run's iterative steps (``graph.iterative.ReportChannel``): each
@@ -189,23 +220,33 @@ class ExplorationDriver:
     def _watch(self, futs: list[Future], waiting: tuple[str, ...] = ("pending",)) -> None:
         """Queue each future's outcome when it leaves ``waiting``: one hand-off to the client's
         loop for the whole batch (``add_done_callback`` costs a thread hand-off per future)."""
-        events = self.events
+        inbox = self._inbox
 
         def on_loop() -> None:
             for f in futs:
-                asyncio.ensure_future(_when_done(f, events, waiting))
+                asyncio.ensure_future(_when_done(f, inbox, waiting))
 
         self.client.loop.add_callback(on_loop)
 
     def _read_metrics(self, names: tuple, futs: list[Future]) -> None:
         """Gather finished metric tasks without waiting: their values come back as
         ``MetricRead`` events (a failed read stops the run with its error).  One read is in
-        flight at a time; what becomes ready meanwhile goes in the next one (one round trip
-        for many metrics, as a blocking gather per batch had)."""
+        flight at a time, and reads start at most every ``READ_INTERVAL`` seconds; what becomes
+        ready meanwhile goes in the next one (one round trip through the scheduler for many
+        metrics: a read per finished task cost the scheduler and the workers more than the
+        tasks did)."""
         self._to_read.extend(zip(names, futs))
-        if self._reading or not self._to_read:
+        if self._reading or self._read_due or not self._to_read:
             return
+        early = self._last_read + READ_INTERVAL - time.monotonic()
+        if early > 0 and len(self._to_read) < READ_BATCH:  # wait for more: one read for them all
+            self._read_due = True
+            loop = self.client.loop
+            loop.add_callback(loop.call_later, early, self.events.put, _READ_DUE)
+            return
+        self._last_read = time.monotonic()
         batch, self._to_read = self._to_read, []
+        self.reads.append((self._last_read, len(batch)))
         self._reading = True
         events = self.events
         coro = self.client.gather([f for _, f in batch], asynchronous=True)
@@ -217,9 +258,7 @@ class ExplorationDriver:
             except BaseException as exc:  # recorded: re-raised in the run as its abort, with the error
                 events.put(Abort(f"reading the metrics of {len(batch)} branch(es) failed: {type(exc).__name__}: {exc}"))
                 return
-            for (n, _), (m, s) in zip(batch, values):
-                events.put(MetricRead(n, m, s))
-            events.put(_READ_DONE)
+            events.put([MetricRead(n, m, s) for (n, _), (m, s) in zip(batch, values)] + [_READ_DONE])
 
         read.add_done_callback(done)
 
@@ -261,7 +300,8 @@ class ExplorationDriver:
                     batch.append(self.events.get_nowait())
                 except queue.Empty:
                     break
-            events = [e for e in map(self._event, batch) if e is not None]
+            items = [i for b in batch for i in (b if isinstance(b, list) else (b,))]  # _Inbox: lists of outcomes
+            events = [e for e in map(self._event, items) if e is not None]
             if events:
                 self.apply(self._handle(*events))
             self._show()
@@ -276,8 +316,11 @@ class ExplorationDriver:
 
     def _event(self, item: Any) -> Any:
         """A done-callback's outcome as a state machine event (other items are events already)."""
-        if item is _READ_DONE:  # the metric read in flight is back: send what is waiting
-            self._reading = False
+        if item is _READ_DONE or item is _READ_DUE:  # a read is back, or held-back reads are due
+            if item is _READ_DONE:
+                self._reading = False
+            else:
+                self._read_due = False
             self._read_metrics((), [])
             return None
         if not isinstance(item, _Outcome):
@@ -371,8 +414,8 @@ class ExplorationDriver:
 def _busy_fraction(driver: ExplorationDriver, snap: dict, threads: int) -> float | None:
     """The worker threads' busy fraction over the run: the compute seconds the scheduler
     recorded (``startstops`` of every task of the run that finished or failed, as
-    :class:`graph.monitor.RunMonitor` keeps them; a step waiting at a rung holds its thread
-    and counts as busy) over (worker threads x seconds from the first submission to the end
+    :class:`graph.monitor.RunMonitor` keeps them, less the waits at rungs an iterative step
+    reports: a step waiting there holds its thread but computes nothing) over (worker threads x seconds from the first submission to the end
     of the run).  Work lost with a killed worker is not counted.  ``None`` when unknown."""
     if driver.started is None or driver.ended is None:
         return None
@@ -425,63 +468,118 @@ def execute(
     it returns an object with ``close()`` (or ``cancel()``, e.g. a ``threading.Timer``), that is
     called when the run ends.
     ``stall_timeout``: seconds without progress (workers paused or gone, the scheduler silent)
-    before the run stops with a ``RunError`` (``graph.watchdog.stall_seconds``: ``None`` is
+    before the run stops with a ``RunError`` (``graph.state.watchdog.stall_seconds``: ``None`` is
     the default, 60 s; 0 turns the watchdog off).
     ``compute_value``: a kept value holding Dask collections is computed and gathered
     (default: its partitioned collections are persisted on the cluster; graph/collections.py).
+    The options are checked by ``graph.options.check_options`` (``PipelineError`` when bad).
 
     Every wait for the scheduler is bounded (docs/architecture.md §4, "Bounded waits"): the
     run's calls end when the watchdog aborts, its clean-up within ``CLEANUP_SECONDS``.
     """
-    from .state.watchdog import stall_seconds
-    from .watchdog import Sampler
-
-    if order not in ("depth-first", "dask"):
-        raise ValueError(f"order must be 'depth-first' or 'dask', not {order!r}")
-    stall = stall_seconds(stall_timeout)
-    start = time.perf_counter()
-    run_id = uuid.uuid4().hex[:12]
-    prepared = prepare(compiled, store, run_id)  # graph/transform.py: the store, not-rerunnable steps
-    compiled = prepared.compiled
-    state = ExplorationState(compiled, on_metric_error=on_metric_error)
-    monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
-    bar = Progress(enabled=progress)
-    publisher = ExplorationPublisher(client, run_id, compiled, naive_tasks=prepared.naive_tasks, unique_tasks=prepared.unique_tasks)
-    driver = ExplorationDriver(
-        state, client, bar, publisher=publisher, depth_first=order == "depth-first", placement=compiled.placement,
-    )
-    watch = None
-    budgeted = None
-    watcher = None
-    registered = False
-    deadline: list[float] = []  # when the run's clean-up must be over (set when it starts)
-    snap: dict = {}
-    sampler = None
+    opts = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout,
+                         memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
+                         store=store)
+    run = _Run.prepare(compiled, client, opts, progress)
     try:
-        if stall is not None:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
-            sampler = Sampler(
-                client, lambda reason: driver.abort(RunError(reason)), stall,
+        run.start_services(memory_budget, disk_bandwidth, on_driver)
+        run.drive()
+        values = run.gather_values(compute_value)
+        run.read_figures()
+    except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
+        raise run.stopped(str(stop)) from None
+    except BaseException as exc:  # the run stopped early: say so on the dashboard (and re-raise)
+        run.publisher.finish([], error=f"{type(exc).__name__}: {exc}", timeout=_left(run.deadline))
+        raise
+    finally:
+        run.clean_up()
+    return run.record(values, raise_if_all_failed)
+
+
+@dataclass
+class _Run:
+    """One run's parts, from the options to its record: each method does one stage of
+    :func:`execute`, and :meth:`clean_up` ends whatever the stages started, on every path."""
+
+    compiled: CompiledPipeline
+    client: Client
+    opts: RunOptions
+    prepared: Any
+    state: ExplorationState
+    monitor: RunMonitor
+    bar: Progress
+    publisher: ExplorationPublisher
+    driver: ExplorationDriver
+    run_id: str
+    start: float  # time.perf_counter() when the run began
+    watch: Any = None  # TrainingWatch
+    budgeted: Any = None  # BudgetedRun
+    watcher: Any = None  # what on_driver returned
+    sampler: Any = None  # graph.watchdog.Sampler
+    registered: bool = False  # the monitor is on the scheduler
+    deadline: list = field(default_factory=list)  # when the run's clean-up must be over (set when it starts)
+    snap: dict = field(default_factory=dict)  # the monitor's figures (snapshot_on_scheduler)
+    rows: list = field(default_factory=list)
+    budget_stats: dict = field(default_factory=dict)
+    threads: int = 0
+
+    @classmethod
+    def prepare(cls, compiled: CompiledPipeline, client: Client, opts: RunOptions, progress: bool | None) -> _Run:
+        """The run's parts, nothing asked of the cluster yet: the store and not-rerunnable steps
+        applied (graph/transform.py), the state machine, the monitor, the dashboard's publisher
+        and the driver."""
+        start = time.perf_counter()
+        run_id = uuid.uuid4().hex[:12]
+        prepared = prepare(compiled, opts.store, run_id)
+        compiled = prepared.compiled
+        state = ExplorationState(compiled, on_metric_error=opts.on_metric_error)
+        monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
+        bar = Progress(enabled=progress)
+        publisher = ExplorationPublisher(client, run_id, compiled, naive_tasks=prepared.naive_tasks,
+                                         unique_tasks=prepared.unique_tasks)
+        driver = ExplorationDriver(state, client, bar, publisher=publisher, depth_first=opts.order == "depth-first",
+                                   placement=compiled.placement)
+        return cls(compiled, client, opts, prepared, state, monitor, bar, publisher, driver, run_id, start)
+
+    def start_services(self, memory_budget: Any, disk_bandwidth: Any, on_driver: Callable | None) -> None:
+        """Everything that watches or serves the run, before anything is submitted: the
+        watchdog, the monitor, the dashboard, training events, the memory budget, the
+        iterative steps' reports, and the caller's ``on_driver``."""
+        from .watchdog import Sampler
+
+        driver, client = self.driver, self.client
+        if self.opts.stall_seconds is not None:  # graph/watchdog.py: stop a stuck run with its cause, as an Abort event
+            self.sampler = Sampler(
+                client, lambda reason: driver.abort(RunError(reason)), self.opts.stall_seconds,
                 progress=lambda: driver.counts[0],  # immutable numbers the driver publishes
                 reports=lambda: driver.counts[1],  # a reporting step is progress (Watchdog's docs)
             ).start()
-        driver.ask(client.register_plugin, monitor, what="registering the run's monitor")
-        registered = True
+        driver.ask(client.register_plugin, self.monitor, what="registering the run's monitor")
+        self.registered = True
         driver.ask(ensure_dashboard, client, what="adding the dashboard")  # its pages; the publisher feeds them
-        publisher.start()
-        watch = TrainingWatch(client, bar)
-        budgeted = driver.ask(BudgetedRun, client, memory_budget, sample=sample_sizes, run_id=run_id,
-                              disk_bandwidth=disk_bandwidth, what="reading the workers' spill counters")
-        driver.budget = budgeted
+        self.publisher.start()
+        self.watch = TrainingWatch(client, self.bar)
+        self.budgeted = driver.ask(BudgetedRun, client, memory_budget, sample=self.opts.sample_sizes,
+                                   run_id=self.run_id, disk_bandwidth=disk_bandwidth,
+                                   what="reading the workers' spill counters")
+        driver.budget = self.budgeted
         driver.open_reports()  # before anything is submitted: no report is missed
         if on_driver is not None:
-            watcher = on_driver(driver)
+            self.watcher = on_driver(driver)
 
-        def snapshot() -> dict:
-            return driver.ask(client.run_on_scheduler, snapshot_on_scheduler, name=monitor.name, what="reading the run's monitor")
+    def snapshot(self) -> dict:
+        """The run's monitor's figures, read on the scheduler."""
+        return self.driver.ask(self.client.run_on_scheduler, snapshot_on_scheduler, name=self.monitor.name,
+                               what="reading the run's monitor")
 
+    def drive(self) -> None:
+        """Plan the memory budget (after a first branch alone, with ``sample_sizes``) and run
+        the driver's loop to the end."""
+        driver = self.driver
         sampled = []
-        plan = functools.partial(budgeted.start, compiled, monitor_name=monitor.name, snapshot=snapshot, abort=driver.abort)
-        if sample_sizes:  # the sampling pass runs the driver's loop: on this thread
+        plan = functools.partial(self.budgeted.start, self.compiled, monitor_name=self.monitor.name,
+                                 snapshot=self.snapshot, abort=driver.abort)
+        if self.opts.sample_sizes:  # the sampling pass runs the driver's loop: on this thread
             droppable = plan(sample_first=lambda: sampled.append(driver.run(sample_first=True)))
         else:  # measuring the workers' memory and planning: waited for as any scheduler call
             droppable = driver.ask(plan, what="planning the memory budget")
@@ -490,76 +588,92 @@ def execute(
         else:
             driver.apply(driver._handle(MemoryPlanned(droppable)))
             driver.run()
-        rows = state.rows()
-        names = state.result_names()
+        self.rows = self.state.rows()
+
+    def gather_values(self, compute_value: bool) -> dict:
+        """The kept branches' values, by branch key (collections persisted or computed:
+        docs/architecture.md §8)."""
+        driver, client, rows = self.driver, self.client, self.rows
+        names = self.state.result_names()
         ok = [(rows[j].branch.key, name) for j, name in names.items()]
         futs = [driver.futures[name] for _, name in ok]
         gathered = driver.ask(client.gather, futs, what="gathering the results") if ok else []
         values = {key: v for (key, _), v in zip(ok, gathered)}
         lazy = [rows[j].branch for j in names if rows[j].branch.lazy is not None]
-        if lazy:  # collections: persisted from the partitions the run holds (docs/architecture.md §8)
+        if lazy:
             from .collections import finish_value
 
             for b in lazy:
                 values[b.key] = driver.ask(finish_value, client, b.lazy, values[b.key], compute_value,
                                            what="finishing a collection's value")
-        snap = snapshot()
-        budget_stats = driver.ask(budgeted.stats, snap, compiled, what="reading the workers' spill counters")
+        return values
+
+    def read_figures(self) -> None:
+        """What the cluster measured: the monitor's snapshot, the budget's spill counters and
+        the worker threads (for the busy fraction)."""
+        driver = self.driver
+        self.snap = self.snapshot()
+        self.budget_stats = driver.ask(self.budgeted.stats, self.snap, self.compiled,
+                                       what="reading the workers' spill counters")
         try:
-            threads = sum(driver.ask(client.nthreads, what="counting the worker threads").values())
+            self.threads = sum(driver.ask(self.client.nthreads, what="counting the worker threads").values())
         except OSError as exc:  # recorded: the cluster is going away, no busy fraction rather than a wrong one
             logger.debug("quiver: worker threads not counted: %s", exc)
-            threads = 0
-    except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
-        rows = state.rows()
-        table, _ = build_table(compiled, rows, {}, snap.get("seconds", {}))
-        publisher.finish(rows, error=str(stop), timeout=_left(deadline))
-        raise RunError(str(stop), table=table) from None
-    except BaseException as exc:  # the run stopped early: say so on the dashboard (and re-raise)
-        publisher.finish([], error=f"{type(exc).__name__}: {exc}", timeout=_left(deadline))
-        raise
-    finally:
-        _clean_up(driver, watcher, watch, sampler, budgeted, bar, client, monitor.name if registered else None, prepared,
-                  deadline)
-    table, kept = build_table(compiled, rows, values, snap.get("seconds", {}))
-    if state.halving:
-        table.attrs["rungs"] = state.rung_log()  # Result.rungs: every arrival at a rung, in order
-    executed = snap.get("executed", {})
-    stats = {
-        "naive_tasks": prepared.naive_tasks,
-        "unique_tasks": prepared.unique_tasks,
-        "executed_tasks": sum(n for k, n in executed.items() if k in compiled.graph),
-        "metric_tasks": sum(n for k, n in executed.items() if k in compiled.metric_graph),
-        "branches": len(rows),
-        "failed_branches": sum(r.status == "failed" for r in rows),
-        "peak_memory_bytes": snap.get("peak_memory_bytes", 0),
-        "peak_worker_memory_bytes": snap.get("peak_worker_memory_bytes", 0),
-        "wall_seconds": time.perf_counter() - start,
-        "first_result_seconds": driver.first_result,
-        "lost_results": state.lost,
-    }
-    stats["busy_fraction"] = _busy_fraction(driver, snap, threads)
-    if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
-        stats.update(_iterative_stats(state, driver))
-    stats.update(budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
-    stats.update(prepared.finish(executed))  # graph/transform.py: loads are not executions
-    publisher.finish(rows, stats)  # final statuses for the dashboard
-    if raise_if_all_failed and rows and all(r.status == "failed" for r in rows):
-        first = rows[0]
-        raise RunError(
-            f"every branch failed ({len(rows)} of {len(rows)}); the first failed in step "
-            f"{first.failed_step!r} with {first.error}. See the .table attribute of this "
-            "error for each branch's error and traceback.",
-            table=table,
-        )
-    return RunRecord(
-        table=table,
-        values=kept,
-        single=compiled.single_value,
-        stats=stats,
-        compiled=compiled,
-        memory_plan=budgeted.plan,
-    )
+            self.threads = 0
+
+    def stopped(self, message: str) -> RunError:
+        """The state machine said ``Fail``: the dashboard hears it; the ``RunError`` holds the table."""
+        rows = self.state.rows()
+        table, _ = build_table(self.compiled, rows, {}, self.snap.get("seconds", {}))
+        self.publisher.finish(rows, error=message, timeout=_left(self.deadline))
+        return RunError(message, table=table)
+
+    def clean_up(self) -> None:
+        _clean_up(self.driver, self.watcher, self.watch, self.sampler, self.budgeted, self.bar, self.client,
+                  self.monitor.name if self.registered else None, self.prepared, self.deadline)
+
+    def stats(self) -> dict:
+        """The run's statistics (``Result.stats``)."""
+        compiled, state, rows, snap, driver = self.compiled, self.state, self.rows, self.snap, self.driver
+        executed = snap.get("executed", {})
+        stats = {
+            "naive_tasks": self.prepared.naive_tasks,
+            "unique_tasks": self.prepared.unique_tasks,
+            "executed_tasks": sum(n for k, n in executed.items() if k in compiled.graph),
+            "metric_tasks": sum(n for k, n in executed.items() if k in compiled.metric_graph),
+            "branches": len(rows),
+            "failed_branches": sum(r.status == "failed" for r in rows),
+            "peak_memory_bytes": snap.get("peak_memory_bytes", 0),
+            "peak_worker_memory_bytes": snap.get("peak_worker_memory_bytes", 0),
+            "wall_seconds": time.perf_counter() - self.start,
+            "first_result_seconds": driver.first_result,
+            "lost_results": state.lost,
+        }
+        stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
+        if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
+            stats.update(_iterative_stats(state, driver))
+        stats.update(self.budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
+        stats.update(self.prepared.finish(executed))  # graph/transform.py: loads are not executions
+        return stats
+
+    def record(self, values: dict, raise_if_all_failed: bool) -> RunRecord:
+        """The table, the kept values and the statistics; a ``RunError`` when every branch failed."""
+        rows = self.rows
+        table, kept = build_table(self.compiled, rows, values, self.snap.get("seconds", {}))
+        if self.state.halving:
+            table.attrs["rungs"] = self.state.rung_log()  # Result.rungs: every arrival at a rung, in order
+        stats = self.stats()
+        self.publisher.finish(rows, stats)  # final statuses for the dashboard
+        if raise_if_all_failed and rows and all(r.status == "failed" for r in rows):
+            first = rows[0]
+            raise RunError(
+                f"every branch failed ({len(rows)} of {len(rows)}); the first failed in step "
+                f"{first.failed_step!r} with {first.error}. See the .table attribute of this "
+                "error for each branch's error and traceback.",
+                table=table,
+            )
+        return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
+                         compiled=self.compiled, memory_plan=self.budgeted.plan)
 
 
 def _left(deadline: list[float]) -> float:

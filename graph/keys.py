@@ -224,20 +224,17 @@ def _function_identity(fn: Callable) -> Any:
 
 
 def _det(obj: Any) -> str:
-    import dask
     from dask.tokenize import tokenize
 
-    with dask.config.set({"tokenize.ensure-deterministic": True}):
-        return tokenize(obj)
+    # the keyword, not ``dask.config.set``: entering a config context cost more than the token
+    return tokenize(obj, ensure_deterministic=True)
 
 
 def step_key(fn: Callable, params: Mapping[str, Any], inputs: tuple) -> str:
     """The key of one step instance: ``<function name>-<token>``."""
-    import dask
     from dask.tokenize import tokenize
 
-    with dask.config.set({"tokenize.ensure-deterministic": True}):
-        token = tokenize(function_identity(fn), dict(params), inputs)
+    token = tokenize(function_identity(fn), dict(params), inputs, ensure_deterministic=True)
     return f"{fn_name(fn)}-{token}"
 
 
@@ -258,8 +255,11 @@ def check_tokenizable(where: str, what: str, obj: Any) -> None:
     """
     from dask.tokenize import TokenizationError
 
+    function = callable(obj) and not isinstance(obj, type)
+    if function and _checked.get(id(obj)) is obj:  # this function passed already (an explore's alternatives share it)
+        return
     try:
-        if callable(obj) and not isinstance(obj, type):
+        if function:
             first, second = _det(_function_identity(obj)), _det(_function_identity(obj))  # asked twice: no memo
         else:
             first, second = _det(obj), _det(obj)
@@ -277,3 +277,15 @@ def check_tokenizable(where: str, what: str, obj: Any) -> None:
             "every run and identical work could not be recognised. Make __dask_tokenize__ "
             "return a value that depends only on the object's content."
         )
+    if function:
+        if len(_checked) >= _CHECKED_MAX:
+            _checked.clear()
+        _checked[id(obj)] = obj  # kept: its id is not reused while it is here
+
+
+#: functions that passed :func:`check_tokenizable` (by id, the object kept). Checked once: a
+#: grid's thousands of alternatives share one step function, whose identity (code digest,
+#: globals, closure) was worked out twice per alternative. Should a global it reads later
+#: become untokenizable, the compile's own key (``step_key``) refuses it with a clear error.
+_checked: dict[int, Any] = {}
+_CHECKED_MAX = 4096

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from graph.options import ORDERS  # the run options' one owner (light: it loads Dask only when called)
+
 __all__ = ["main", "load_node"]
 
 
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spill or recompute); on the embedded cluster it also sets each worker's memory limit",
     )
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
-    run.add_argument("--order", choices=("depth-first", "dask"), default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
+    run.add_argument("--order", choices=ORDERS, default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     run.add_argument(
         "--keep-going",
@@ -250,14 +252,26 @@ def _print_result(result, out) -> None:
         print(f"chosen branch(es): {', '.join(str(i) for i in chosen.index)}", file=out)
 
 
+#: how the CLI names the run options graph.options checks
+_FLAGS = {"order": "--order", "stall_timeout": "--stall-timeout", "memory_budget": "--memory-budget",
+          "sample_sizes": "--sample-sizes", "store": "--store"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "memory_budget", None) in ("auto", 0):
-        parser.error("--memory-budget needs a size such as 2GiB")
-    if getattr(args, "sample_sizes", False) and not args.memory_budget:
-        parser.error("--sample-sizes plans memory, so it needs --memory-budget SIZE too")
     from graph.errors import PipelineError, RunError
+
+    if getattr(args, "memory_budget", None) == "auto":  # "auto" is --memory-limit's word, not a budget
+        parser.error("--memory-budget needs a size such as 2GiB")
+    if args.command == "run":  # the run options' one owner (graph.options), naming the flags
+        from graph.options import check_options
+
+        try:
+            check_options(order=args.order, stall_timeout=args.stall_timeout, memory_budget=args.memory_budget,
+                          sample_sizes=args.sample_sizes, spelled=_FLAGS)
+        except PipelineError as exc:
+            parser.error(str(exc))
 
     if args.scheduler and args.workers:  # a bad combination of arguments: exit 2, before loading the file
         parser.error("--workers applies to the embedded cluster only; drop it when using --scheduler")

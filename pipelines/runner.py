@@ -37,11 +37,15 @@ def run_node(
     import graph
     from graph.cluster import connect
     from graph.executor import execute
+    from graph.options import check_options
     from graph.tracebacks import restore_table
 
-    _check_options(stall_timeout, order, on_metric_error, pack)
+    # every run option is checked by its one owner (graph.options), before anything runs
+    store = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
+                          memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
+                          store=store).store
     clock = time.perf_counter()
-    compiled, store = _prepare(node, client, store, memory_budget, disk_bandwidth, workers, threads_per_worker)
+    compiled = _prepare(node, client, memory_budget, workers, threads_per_worker)
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}
     with contextlib.ExitStack() as stack:
@@ -107,58 +111,21 @@ def run_node(
     )
 
 
-def _check_options(stall_timeout: Any, order: Any, on_metric_error: Any, pack: Any) -> None:
-    """Refuse a bad run option with a ``PipelineError`` that names the fix (before any work)."""
-    import graph
-    from graph.state.watchdog import stall_seconds
-
-    try:  # one meaning (graph.state.watchdog.stall_seconds), refused before a cluster starts
-        stall_seconds(stall_timeout)
-    except ValueError as exc:
-        raise graph.PipelineError(str(exc)) from None
-    if order not in ("depth-first", "dask"):
-        raise graph.PipelineError(f"order must be 'depth-first' (Quiver's) or 'dask' (Dask's own), not {order!r}")
-    if on_metric_error not in ("stop", "continue"):
-        raise graph.PipelineError(
-            f"on_metric_error must be 'stop' (end the run when the first branches cannot give their "
-            f"metric for the same reason) or 'continue' (run every branch anyway), not {on_metric_error!r}"
-        )
-    if not isinstance(pack, bool):
-        raise graph.PipelineError(f"pack must be True (train packable gpu.train branches together) or False, not {pack!r}")
-
-
-def _prepare(node: Any, client: Any, store: Any, memory_budget: Any, disk_bandwidth: Any,
-             workers: int | None, threads_per_worker: int) -> tuple[Any, Any]:
-    """``(compiled, store)``: compile, open the store, check the run and plan its memory, so
-    definition errors, a bad store path or budget, and unpicklable steps fail before a cluster starts."""
+def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, threads_per_worker: int) -> Any:
+    """The compiled exploration, after the checks that need it: definition errors, unpicklable
+    steps and a step hinted too big for the budget fail before a cluster starts."""
     import graph
 
     compiled = graph.compile(node)
-    if store is not None:
-        from graph.store import ResultStore
-
-        try:
-            store = ResultStore(store)
-        except (ValueError, OSError) as exc:
-            raise graph.PipelineError(f"store: {exc}") from None
     from .preflight import check_run
 
     check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
-    if memory_budget is not None:  # a bad budget, or a step hinted too big
+    if memory_budget is not None and client is None:  # a step hinted too big for the budget
         from graph.memory.plan import plan_memory
-        from graph.memory.sizes import parse_bytes
+        from gpu.clusters import default_workers
 
-        try:
-            parse_bytes(memory_budget)
-            if disk_bandwidth is not None:
-                parse_bytes(disk_bandwidth, "disk_bandwidth")
-        except ValueError as exc:
-            raise graph.PipelineError(str(exc)) from None
-        if client is None:
-            from gpu.clusters import default_workers
-
-            plan_memory(compiled, memory_budget, workers=workers or default_workers())
-    return compiled, store
+        plan_memory(compiled, memory_budget, workers=workers or default_workers())
+    return compiled
 
 
 def _ready_cluster(c: Any, compiled: Any, pack: bool) -> None:

@@ -88,3 +88,23 @@ def test_load_benchmark_quick(tmp_path):
         limit = 1.5 if name == "scheduler_memory_per_branch" else 1.1
         assert t["met"] == (t["worst"] <= limit)
         assert f"target {name}:" in proc.stdout and ("-> met" if t["met"] else "-> NOT met") in proc.stdout
+
+
+def test_load_benchmark_trivial_mode(tmp_path):
+    """``--trivial``: n branches of one step returning {"m": i} and a choose, two tasks per branch
+    (plus the source), both methods on the same tasks, and the target's verdict from the numbers."""
+    out = tmp_path / "trivial.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--trivial", "30,60", "--repeats", "1", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [r["branches"] for r in data["rows"]] == [30, 60]
+    for r in data["rows"]:
+        assert r["quiver_tasks"] == r["dask_tasks"] == 2 * r["branches"] + 1
+        assert r["quiver_ms_per_branch"] == pytest.approx(1000 * r["quiver_wall_s"] / r["branches"])
+    assert data["met"] is False  # no 10,000-branch row: nothing to meet
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "load.py"), "--trivial", "ten"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--trivial takes branch counts" in bad.stderr

@@ -9,6 +9,7 @@ and scikit-learn's sites use. Build with warnings as errors::
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -61,7 +62,8 @@ myst_substitutions = {
 
 # The example gallery: examples/*.py, run while the site builds (docs/gallery_hooks.py says which,
 # at what size, and why the others are shown unexecuted), into docs/gallery/ (generated, not in git).
-# A page is rebuilt only when its example changed (sphinx-gallery keeps an md5 beside it).
+# A page is rebuilt only when its example changed (sphinx-gallery keeps an md5 beside it), or
+# always with QUIVER_GALLERY_RERUN=1 (tests/test_docs.py: the pages it checks come from that run).
 sphinx_gallery_conf = {
     "examples_dirs": str(DOCS.parent / "examples"),
     "gallery_dirs": str(DOCS / "gallery"),
@@ -77,6 +79,7 @@ sphinx_gallery_conf = {
     "min_reported_time": 0,
     "remove_config_comments": True,
     "within_subsection_order": "gallery_hooks.ExampleOrder",
+    "run_stale_examples": os.environ.get("QUIVER_GALLERY_RERUN") == "1",
 }
 
 html_theme = "pydata_sphinx_theme"

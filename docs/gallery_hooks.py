@@ -35,7 +35,7 @@ BUILD_ARGS: dict[str, list[str]] = {
     "digits_explore.py": [],                    # the full 63 branches: ~15 s
     "sklearn_search.py": ["--quick"],           # 3 classifiers x 1 KernelPCA size x 3 folds
     "tune_mnist.py": ["--quick"],               # 4 configurations x 3 epochs
-    "big_table_explore.py": ["--rows", "100000", "--alphas", "0.1,10000"],  # 10 MiB, 2 partitions
+    "big_table_explore.py": ["--rows", "60000", "--rows-per-file", "30000", "--alphas", "0.1,10000"],  # 2 partitions
 }
 # examples shown with their code only, and why (the example's own docstring says it on its page)
 NOT_RUN: dict[str, str] = {

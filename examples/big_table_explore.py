@@ -30,9 +30,9 @@ The imputation statistics come from a sample (the first partition), so cleaning 
 partition by partition: a statistic over the whole table would hold every partition in
 memory until it is known.
 
-The gallery runs it small while the site builds (``--rows 100000 --alphas 0.1,10000``: a
-10 MiB table in 2 partitions, 18 branches), so the table fits in a worker there; the run and
-its statistics are the same as at full size. The figures are ``result.plot()``'s: each
+The gallery runs it small while the site builds (``--rows 60000 --rows-per-file 30000 --alphas
+0.1,10000``: a 6 MiB table in 2 partitions, 18 branches), so the table fits in a worker there;
+the run and its statistics are those of the full size, on less data. The figures are ``result.plot()``'s: each
 branch's validation MSE by cleaning, features and alpha, and the workers' measured memory over
 time against the memory plan.
 """

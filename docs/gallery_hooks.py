@@ -106,4 +106,5 @@ def report_scraper(block, block_vars, gallery_conf) -> str:
         shutil.copyfile(png, target)
         shown.add(png.name)
         targets.append(target)
-    return figure_rst(targets, gallery_conf["src_dir"])
+    # one full-width image per figure (sphinx-gallery would put several side by side, as thumbnails)
+    return "".join(figure_rst([target], gallery_conf["src_dir"]) for target in targets)

@@ -89,7 +89,7 @@ def main(argv=None) -> None:
         shots = [
             shoot(driver, (site / "index.html").as_uri(), OUT / "front-page.png"),
             shoot(driver, (site / "gallery" / "digits_explore.html").as_uri(), OUT / "gallery-digits.png",
-                  scroll_to="img.sphx-glr-multi-img"),
+                  scroll_to="img[src*='digits_explore_002']"),
             shoot(driver, page.as_uri(), OUT / "result-html.png"),
         ]
     finally:

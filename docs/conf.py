@@ -9,11 +9,15 @@ and scikit-learn's sites use. Build with warnings as errors::
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))  # document this checkout, not an installed copy
+sys.path.insert(0, str(DOCS))  # gallery_hooks
+
+import gallery_hooks  # noqa: E402
 
 project = "Quiver"
 author = "the Quiver developers"
@@ -25,10 +29,11 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
+    "sphinx_gallery.gen_gallery",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "gallery/*.ipynb", "gallery/*.py"]
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "substitution"]
@@ -53,6 +58,28 @@ def _optional(docname: str, text: str) -> str:
 myst_substitutions = {
     "sklearn_dropin": _optional("sklearn-dropin", "scikit-learn drop-in: identical vs different"),
     "gpu_check": _optional("gpu-check", "the prepared GPU check"),
+}
+
+# The example gallery: examples/*.py, run while the site builds (docs/gallery_hooks.py says which,
+# at what size, and why the others are shown unexecuted), into docs/gallery/ (generated, not in git).
+# A page is rebuilt only when its example changed (sphinx-gallery keeps an md5 beside it), or
+# always with QUIVER_GALLERY_RERUN=1 (tests/test_docs.py: the pages it checks come from that run).
+sphinx_gallery_conf = {
+    "examples_dirs": str(DOCS.parent / "examples"),
+    "gallery_dirs": str(DOCS / "gallery"),
+    "filename_pattern": gallery_hooks.filename_pattern(gallery_hooks.BUILD_ARGS),
+    "ignore_pattern": r"__init__\.py",
+    "reset_argv": "gallery_hooks.reset_argv",
+    "reset_modules": ("matplotlib", "gallery_hooks.clear_reports"),
+    "image_scrapers": ("matplotlib", "gallery_hooks.report_scraper"),
+    "abort_on_example_error": True,
+    "download_all_examples": False,
+    "write_computation_times": False,
+    "show_memory": False,
+    "min_reported_time": 0,
+    "remove_config_comments": True,
+    "within_subsection_order": "gallery_hooks.ExampleOrder",
+    "run_stale_examples": os.environ.get("QUIVER_GALLERY_RERUN") == "1",
 }
 
 html_theme = "pydata_sphinx_theme"

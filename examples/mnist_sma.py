@@ -1,4 +1,7 @@
-"""SMA training explored over batch size and learning rate on real MNIST digits, on 2 workers.
+"""SMA training explored over batch size and learning rate on real MNIST digits, on 2 workers
+=============================================================================================
+
+::
 
     python examples/mnist_sma.py          # embedded 2-worker LocalCluster (or GPUs, one worker each)
     quiver run examples/mnist_sma.py      # the same through the CLI
@@ -8,6 +11,10 @@ SMA with auto-tuned replicas per worker, synchronising worker to worker every st
 exploration tries two batch sizes x two learning rates and keeps the best test accuracy. Each
 batch size is tuned once (the branch with the other learning rate reuses the choice the
 scheduler remembers); the table shows each branch's training and overhead seconds.
+
+This page shows the code only: the documentation site does not run it while it builds, because
+SMA training with auto-tuned replicas takes minutes on 2 CPU cores (it is meant for GPUs, one
+worker each). Run it yourself to see the table and each epoch's accuracy and throughput.
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ runs = data.explore(
 )
 output = runs.choose("accuracy", mode="max")
 
+
+# %%
+# Run it on 2 workers (GPUs when there are, one worker each): the branch table, the chosen
+# configuration and its epochs.
 
 if __name__ == "__main__":
     with gpu.cluster(n_workers=2) as cluster:

@@ -1,10 +1,12 @@
 """The documentation site: the API reference lists exactly each package's ``__all__``, and the
-site builds with Sphinx with warnings as errors (``make docs``)."""
+site builds with Sphinx with warnings as errors (``make docs``), the example gallery included:
+its pages show what the examples printed and drew when this build ran them."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -53,11 +55,13 @@ def test_api_reference_lists_every_public_name():
 
 
 def _missing_doc_tools() -> list[str]:
-    return [m for m in ("sphinx", "myst_parser", "pydata_sphinx_theme") if importlib.util.find_spec(m) is None]
+    return [m for m in ("sphinx", "myst_parser", "pydata_sphinx_theme", "sphinx_gallery", "matplotlib", "sklearn")
+            if importlib.util.find_spec(m) is None]
 
 
+# the build runs the gallery's examples (docs/gallery_hooks.py): about 2 minutes on 2 quiet cores
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_docs_build_without_warnings(tmp_path):
     missing = _missing_doc_tools()
     if missing:
@@ -67,7 +71,8 @@ def test_docs_build_without_warnings(tmp_path):
     build = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-d", str(tmp_path / "doctrees"),
          str(DOCS), str(out)],
-        capture_output=True, text=True, timeout=220, cwd=ROOT,
+        capture_output=True, text=True, timeout=570, cwd=ROOT,
+        env={**os.environ, "QUIVER_GALLERY_RERUN": "1"},  # run every example now, not an earlier build's pages
     )
     seconds = time.perf_counter() - t0
     assert build.returncode == 0, f"sphinx-build -W failed:\n{build.stderr[-4000:]}"
@@ -82,3 +87,26 @@ def test_docs_build_without_warnings(tmp_path):
     result_page = (out / "generated" / "pipelines.Result.html").read_text()
     assert "compute_value" in result_page  # autodoc read the docstrings, not just the names
     assert "Common cases: Quiver vs the tool you already have" in (out / "guide" / "benchmarks.html").read_text()
+    check_gallery(out)
+
+
+def check_gallery(out: Path) -> None:
+    """The gallery pages show what this build's runs printed and drew; the unexecuted one says why."""
+    gallery = out / "gallery"
+    index = (gallery / "index.html").read_text()
+    for example in ("digits_explore", "sklearn_search", "tune_mnist", "big_table_explore", "mnist_sma"):
+        assert f"{example}.html" in index, f"the gallery index does not link {example}"
+    digits = (gallery / "digits_explore.html").read_text()
+    # its real output: the chosen branch and the task counts it printed (tests/digits_expect.py's numbers)
+    assert re.search(r"chosen: scaler=\w+ pca=\d+ model=fit_\w+ validation accuracy=0\.9\d+", digits), digits[-3000:]
+    assert "63 branches: 77 tasks executed, 139 unique, 315 naive" in digits
+    images = re.findall(r'<img [^>]*src="\.\./(_images/sphx_glr_digits_explore_\d+\.png)"', digits)
+    assert images, "no figure on the digits page"
+    for src in images:
+        png = (out / src).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000, f"{src} is not a drawn figure"
+    tune = (gallery / "tune_mnist.html").read_text()
+    assert "pruned" in tune and "chosen: lr=" in tune and "sphx_glr_tune_mnist_" in tune
+    assert "peak memory" in (gallery / "big_table_explore.html").read_text()
+    sma = (gallery / "mnist_sma.html").read_text()
+    assert "sphx-glr-script-out" not in sma and "takes minutes on 2 CPU cores" in sma

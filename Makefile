@@ -62,4 +62,4 @@ gpu-wheels:
 	PYTHON=$(PYTHON) bash benchmarks/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) dask-worker-space dask-scratch-space docs/_build docs/generated
+	rm -rf $(VENV) dask-worker-space dask-scratch-space docs/_build docs/generated docs/gallery

@@ -92,9 +92,13 @@ def run_node(
             info=cluster_info,
         ))
         cluster_seconds = time.perf_counter() - clock
+        from graph.breakdown import Collector
         from graph.warmup import step_modules, warm_workers
 
+        timing = Collector(c)  # graph/breakdown.py: where the time went, from Dask's task stream
+        timing.begin()
         warm_workers(c, step_modules(compiled))  # every worker imports the steps' modules now, all at once
+        timing.imported()
         if pack:  # gpu.train branches that can share a worker train as one group (docs/architecture.md §7.3)
             from graph.packing import pack_compiled
 
@@ -128,6 +132,7 @@ def run_node(
                     takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
                 with contextlib.suppress(Exception):
                     c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
+        record.stats["time_breakdown"] = timing.finish(compiled)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

@@ -313,6 +313,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs per method (default 3; 1 with --quick)")
     ap.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/staged_training[.quick].json)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other methods already in the output file (measure methods in separate calls)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -330,6 +332,16 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()[0]
     runs = measure(names, size, args.quick, repeats)
     load_after = os.getloadavg()[0]
+    output = args.output or ROOT / "benchmarks" / "results" / (
+        "staged_training.quick.json" if args.quick else "staged_training.json")
+    loads = {name: [load_before, load_after] for name in runs}
+    if args.merge and output.exists():  # methods measured in earlier calls, each with its own load
+        earlier = json.loads(output.read_text())
+        if earlier.get("size") == size:
+            for name, m in earlier["methods"].items():
+                if name not in runs:
+                    runs[name] = m
+                    loads[name] = earlier.get("loadavg", {}).get(name)
     print_table(runs, size, repeats, (load_before, load_after))
     v = verdict(runs)
     if v is not None:
@@ -340,15 +352,13 @@ def main(argv=None) -> int:
     for mod in ("torch", "distributed", "optuna", "ray"):
         if importlib.util.find_spec(mod) is not None:
             versions[mod] = __import__(mod).__version__
-    output = args.output or ROOT / "benchmarks" / "results" / (
-        "staged_training.quick.json" if args.quick else "staged_training.json")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({
         "benchmark": "staged_training", "quick": args.quick, "repeats": repeats, "size": size, "configs": configs(size),
         "methods": runs, "target": v, "versions": versions, "nproc": os.cpu_count(),
         "clock": "a fresh process per method: from before it imports torch/tools, data loading, cluster start "
                  "(quiver_staged) or ray.init, to the answer; not the cluster's close or ray.shutdown",
-        "loadavg_before": load_before, "loadavg_after": load_after,
+        "loadavg": loads,  # per method: the load average before and after the call that measured it
         "machine_note": "2 cores shared with other engineers' test runs while measured",
     }, indent=1, default=str) + "\n")
     print(f"wrote {output}")

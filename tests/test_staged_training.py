@@ -164,3 +164,20 @@ def test_script_quick_mode_prints_the_stage_tree():
     out = proc.stdout
     assert "chosen: warm-up lr=" in out and "2 warm-ups trained once each for 4 fine-tunings" in out
     assert "where trials from scratch would train" in out
+
+
+def test_benchmark_quick_mode_measures_the_stage_tree_against_trials_from_scratch(tmp_path):
+    out = tmp_path / "staged.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "staged_training.py"), "--quick", "--output", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+
+    data = json.loads(out.read_text())
+    quiver, optuna = data["methods"]["quiver_staged"]["runs"][0], data["methods"]["optuna_sha"]["runs"][0]
+    # Quiver's warm-ups counted from the step's own call files: one per learning rate
+    assert quiver["warmups_trained"] == len(data["size"]["lrs"])
+    assert quiver["epochs_trained"] == quiver["stage_tree_epochs"]
+    # Optuna trains a warm-up per trial
+    assert optuna["warmups_trained"] == len(optuna["trials"]) == len(data["configs"])
+    assert "target: quiver_staged" in proc.stdout

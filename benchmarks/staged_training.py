@@ -141,7 +141,8 @@ def quiver(method: str, size: dict) -> dict:
     s = result.stats
     return {"wall_s": wall, "trials": trials, "warmups_trained": warmups,
             "stats": {k: s.get(k) for k in ("wall_seconds", "executed_tasks", "unique_tasks", "naive_tasks",
-                                            "pruned_branches", "busy_fraction", "time_to_first_rung_s")}}
+                                            "pruned_branches", "busy_fraction", "time_to_first_rung_s",
+                                            "time_breakdown", "cluster_seconds")}}
 
 
 def optuna_sha(method: str, size: dict) -> dict:

@@ -139,7 +139,10 @@ def quiver(method: str, size: dict) -> dict:
                "accuracy": float(r["accuracy"]) if r["status"] == "ok" else None}
               for _, r in result.table.iterrows()]
     s = result.stats
-    return {"wall_s": wall, "trials": trials, "warmups_trained": warmups,
+    # the steps' own training seconds (fine-tuning epochs as reported): against time_breakdown's
+    # computing thread-seconds, what the threads spent outside the training loops (rung waits...)
+    fine_s = sum(h.get("seconds", 0.0) for reports in result.history for h in reports)
+    return {"wall_s": wall, "trials": trials, "warmups_trained": warmups, "fine_tune_epoch_seconds": fine_s,
             "stats": {k: s.get(k) for k in ("wall_seconds", "executed_tasks", "unique_tasks", "naive_tasks",
                                             "pruned_branches", "busy_fraction", "time_to_first_rung_s",
                                             "time_breakdown", "cluster_seconds")}}

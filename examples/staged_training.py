@@ -104,9 +104,10 @@ def warm_up(data: gpu.DataSplit, lr: float, epochs: int = WARMUP_EPOCHS, batch: 
 
     >>> ckpt = warm_up(load_mnist(), lr=0.03, epochs=1)    # doctest: +SKIP
     >>> sorted(k for k in ckpt if k != "data")             # doctest: +SKIP
-    ['accuracy', 'epochs', 'lr', 'meta', 'model', 'optimizer', 'seed']
+    ['accuracy', 'epochs', 'lr', 'meta', 'model', 'optimizer', 'seconds', 'seed']
     """
     _mark(log_dir, "warmup", f"{lr:g}")
+    t0 = time.perf_counter()
     torch.set_num_threads(1)
     with init_lock or contextlib.nullcontext():
         torch.manual_seed(seed)
@@ -119,7 +120,8 @@ def warm_up(data: gpu.DataSplit, lr: float, epochs: int = WARMUP_EPOCHS, batch: 
 
         _epoch(net, opt, data, batch, order_gen, ramp)
     return {"model": net.state_dict(), "optimizer": opt.state_dict(), "lr": lr, "epochs": epochs,
-            "seed": seed, "accuracy": _accuracy(net, data), "data": data, "meta": meta}
+            "seed": seed, "accuracy": _accuracy(net, data), "data": data, "meta": meta,
+            "seconds": time.perf_counter() - t0}
 
 
 def schedule_factor(schedule: str, progress: float) -> float:
@@ -142,7 +144,7 @@ def schedule_factor(schedule: str, progress: float) -> float:
 def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_dir: str | None = None):
     """Stage 2: continue a warm-up's checkpoint with a decay ``schedule`` and ``batch`` size.
 
-    A generator: yields ``{"accuracy", "loss", "lr"}`` after each epoch (what a pruning choose
+    A generator: yields ``{"accuracy", "loss", "lr", "seconds"}`` after each epoch (what a pruning choose
     ranks) and returns ``{"accuracy", "loss", "model"}``. The checkpoint is shared by every
     fine-tuning of its warm-up that runs on this worker (the same object), so it is copied
     before training: a stage must never modify its input in place.
@@ -161,11 +163,14 @@ def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_d
     order_gen = torch.Generator().manual_seed(ckpt["seed"] * 1000 + 1 + batch)
     report = None
     for epoch in range(epochs):
+        t0 = time.perf_counter()
+
         def lr_at(i, steps, epoch=epoch):
             return ckpt["lr"] * schedule_factor(schedule, (epoch * steps + i) / (epochs * steps))
 
         loss = _epoch(net, opt, data, batch, order_gen, lr_at)
-        report = {"accuracy": _accuracy(net, data), "loss": loss, "lr": opt.param_groups[0]["lr"]}
+        report = {"accuracy": _accuracy(net, data), "loss": loss, "lr": opt.param_groups[0]["lr"],
+                  "seconds": time.perf_counter() - t0}  # the epoch's training and evaluation
         yield report
     return {"accuracy": report["accuracy"], "loss": report["loss"], "model": net.state_dict()}
 

@@ -60,7 +60,12 @@ def run_node(
             info=cluster_info,
         ))
         cluster_seconds = time.perf_counter() - clock
+        from graph.breakdown import Collector
+
+        timing = Collector(c)  # graph/breakdown.py: where the time went, from Dask's task stream
+        timing.begin()
         _ready_cluster(c, compiled, pack)
+        timing.imported()
         from graph.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
@@ -87,6 +92,7 @@ def run_node(
             finally:
                 step_warnings = replay(seen, compiled)
                 takeovers = _forget_claims(c, compiled)
+        record.stats["time_breakdown"] = timing.finish(compiled)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

@@ -39,8 +39,8 @@ BUILD_ARGS: dict[str, list[str]] = {
 }
 # examples shown with their code only, and why (the example's own docstring says it on its page)
 NOT_RUN: dict[str, str] = {
+    "staged_training.py": "about a minute of torch training on 2 CPU cores",
     "mnist_sma.py": "SMA training with auto-tuned replicas takes minutes on 2 CPU cores",
-    "staged_training.py": "about a minute of torch training on 2 CPU cores (the tests run its --quick size)",
 }
 
 

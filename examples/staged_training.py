@@ -1,7 +1,7 @@
 """Shared training stages: one warm-up per learning rate, continued by many fine-tunings
 =====================================================================================
 
-Not run when the documentation builds (about a minute of torch training on 2 CPU cores; the
+Not run when the documentation builds: about a minute of torch training on 2 CPU cores (the
 test suite runs its ``--quick`` size, ``tests/test_staged_training.py``)::
 
     python examples/staged_training.py            # 3 warm-ups -> keep 2 -> 2 x 8 fine-tunings, pruned

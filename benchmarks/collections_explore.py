@@ -341,7 +341,8 @@ def run_churn(args) -> int:
     table = rows * CHURN_COLS * 8
     budget = int(args.budget) if args.budget else 2 * wm
     cfg = {"workers": 2, "worker_memory": wm}
-    methods = [m for m in args.methods.split(",") if m in ("quiver", "quiver_nobudget", "one_compute")] or ["quiver", "one_compute"]
+    churn_methods = ("quiver", "quiver_nobudget", "quiver_dask_order", "one_compute")
+    methods = [m for m in args.methods.split(",") if m in churn_methods] or ["quiver", "one_compute"]
     print(f"collections_explore --churn: {rows:,} x {CHURN_COLS} float64 = {format_bytes(table)} in {chunks} seeded chunks; "
           f"18 branches; 2 workers x {format_bytes(wm)}; budget {format_bytes(budget)}; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
@@ -360,7 +361,8 @@ def run_churn(args) -> int:
                         extra = {}
                     else:
                         r = churn_exploration(rows, chunks, alphas).run(
-                            client, memory_budget=budget if m == "quiver" else None, progress=False, quiet=True)
+                            client, memory_budget=None if m == "quiver_nobudget" else budget, progress=False, quiet=True,
+                            order="dask" if m == "quiver_dask_order" else "depth-first")
                         got = {(row["cleaning.how"], row["features.kind"], float(row["model.alpha"])): float(row["val_mse"])
                                for _, row in r.table.iterrows()}
                         extra = {k: r.stats.get(k) for k in ("predicted_spill_bytes", "planned_spill", "planned_recompute",

@@ -14,7 +14,7 @@ eviction order and spill target installed on every worker
 (:class:`graph.memory.spill.MemoryPlanPlugin`; the spill target only where Dask's own
 spilling by process memory is off, :func:`spill_target`) and the results it drops marked for
 recomputation. A re-plan that starts to evict (measured sizes larger than estimated)
-installs them then.
+installs the eviction order then (nothing is measured mid-run: the default disk speed).
 
 >>> worker_limits("1 GiB", 2)
 536870912
@@ -322,8 +322,10 @@ class BudgetedRun:
             self.client.run_on_scheduler(_set_guard, name=self.monitor_name, keys=[], limit=share, topic=self.topic)
 
     def _prepare_eviction(self, plan: MemoryPlan, decided: dict, strict: bool) -> MemoryPlan:
-        """A plan that evicts: worth the idle memory settled and the disk speed measured; planned again
-        with them when either changed what the plan assumed."""
+        """A plan that evicts, before anything runs: worth the idle memory settled and the disk
+        speed measured; planned again with them when either changed what the plan assumed.
+        (Never during a run: the workers' memory is then not idle, and a probe writing 32 MiB
+        on a worker near its limit can cost it its life; a re-plan keeps what start measured.)"""
         again = self._settle()
         if self.disk_bandwidth is None:
             self.disk_bandwidth = measure_disk_bandwidth(self.client)
@@ -391,9 +393,7 @@ class BudgetedRun:
         """Plan again and send the workers the new planned uses (installing the plan if it now
         evicts); returns the new droppable keys. Never fails the run: a result too big is the
         guard's to report."""
-        plan = self._plan(decided, strict=False)
-        if plan.evicts and self.plugin_name is None:
-            plan = self._prepare_eviction(plan, decided, strict=False)
+        plan = self._plan(decided, strict=False)  # with start's measurements (or the default disk speed)
         if self.plan is not None and self.plan.predicted_peak and not self.replans:
             self.first_prediction = self.plan.summary()
         self.plan = plan

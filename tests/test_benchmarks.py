@@ -125,7 +125,7 @@ def test_collections_explore_churn_quick(tmp_path):
                "--worker-memory", "1GiB", "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert data["agree"] and set(data["runs"]) == {"quiver", "one_compute"}
+    assert data["agree"] and {"quiver", "one_compute"} <= set(data["runs"])
     q = data["runs"]["quiver"][0]
     assert q["executed_tasks"] == q["distinct_keys"] and isinstance(q["spill_causes"], dict)
     assert q["memory_plan_installed"] is False  # 18 MiB fit in two 1 GiB workers: the cheap path

@@ -43,6 +43,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUME
     os.environ[_var] = "1"  # one BLAS thread everywhere: every method on exactly the same cores
 
 import argparse
+import importlib
 import json
 import platform
 import statistics
@@ -185,6 +186,224 @@ def run_one_compute(ex, cfg, client):
     with Measured(client) as m:
         values = dask.compute(*[ex.branch_metric(cfg["path"], c) for c in configs])
     return {c: float(v) for c, v in zip(configs, values)}, m.result
+
+
+# ---------------------------------------------------------------- --churn: a lazy dask.array source
+
+CHURN_COLS = 61  # x0..x58, y, is_val
+CHURN_X = CHURN_COLS - 2
+CHURN_MISSING = (1, 2, 5, 7)
+CHURN_CLEANINGS = ("zero", "mean", "median")
+CHURN_KINDS = ("linear", "squares")
+
+
+def churn_chunk(block_id=None, *, rows: int, seed: int):
+    """One seeded chunk of the --churn table: its own generator (seed, chunk index)."""
+    i = block_id[0]
+    rng = np.random.default_rng([seed, i])
+    x = rng.standard_normal((rows, CHURN_COLS))
+    x[:, CHURN_X] = x[:, :CHURN_X] @ np.linspace(1.0, -1.0, CHURN_X) + 0.5 * x[:, 0] ** 2 + rng.standard_normal(rows)
+    x[:, CHURN_X + 1] = rng.random(rows) < 0.2
+    train = x[:, CHURN_X + 1] == 0
+    for j in CHURN_MISSING:
+        x[train & (rng.random(rows) < 0.05), j] = np.nan
+    return x
+
+
+def churn_table(rows: int, chunks: int, seed: int = 0):
+    """The --churn source (``lazy``): a ``dask.array`` of seeded chunks, ``rows`` x 61 float64."""
+    import dask.array as da
+
+    per = rows // chunks
+    return da.map_blocks(churn_chunk, chunks=((per,) * chunks, (CHURN_COLS,)), dtype=float,
+                         meta=np.empty((0, 0)), rows=per, seed=seed, name=f"churn-table-{rows}-{chunks}-{seed}")
+
+
+def _fill_chunk(x, stats):
+    x = x.copy()
+    bad = np.isnan(x)
+    x[bad] = np.broadcast_to(stats, x.shape)[bad]
+    return x
+
+
+def _chunk_stats(x, how):
+    if how == "zero":
+        return np.zeros((1, x.shape[1]))
+    f = np.nanmean if how == "mean" else np.nanmedian
+    return f(x, axis=0, keepdims=True)
+
+
+def churn_clean(x, how: str):
+    """Fill the missing values with 0 or the mean / median of a sample (the first chunk)."""
+    import dask.array as da
+
+    stats = x.blocks[0].map_blocks(_chunk_stats, how, chunks=((1,), (CHURN_COLS,)), dtype=float)
+    return da.map_blocks(_fill_chunk, x, stats, dtype=float, meta=np.empty((0, 0)))
+
+
+def _features_chunk(x, kind):
+    if kind == "linear":
+        return x
+    return np.concatenate([x[:, :CHURN_X], x[:, :4] ** 2, x[:, CHURN_X:]], axis=1)
+
+
+def churn_features(x, kind: str):
+    """``linear``: the columns as they are; ``squares``: + x0..x3 squared (y and is_val stay last)."""
+    extra = 0 if kind == "linear" else 4
+    return x.map_blocks(_features_chunk, kind, chunks=(x.chunks[0], (CHURN_COLS + extra,)), dtype=float,
+                        meta=np.empty((0, 0)))
+
+
+def _sums_chunk(x):
+    """One chunk's X'X and X'y (with an intercept column) over its training rows, flattened."""
+    p = x.shape[1] - 2
+    rows = x[:, -1] == 0
+    X = np.concatenate([np.ones((int(rows.sum()), 1)), x[rows, :p]], axis=1)
+    return np.concatenate([(X.T @ X).ravel(), X.T @ x[rows, p]])[None, :]
+
+
+def _solve(sums, alpha, p):
+    k = p + 1
+    return np.linalg.solve(sums[: k * k].reshape(k, k) + alpha * np.diag([0.0] + [1.0] * p), sums[k * k:])
+
+
+def _val_errors(x, w):
+    """One chunk's validation rows: [sum of squared errors, count]."""
+    p = x.shape[1] - 2
+    rows = x[:, -1] != 0
+    err = w[0] + x[rows, :p] @ w[1:] - x[rows, p]
+    return np.array([[err @ err, float(rows.sum())]])
+
+
+def _ratio(v):
+    return np.array(v[0] / v[1])
+
+
+def churn_ridge(x, alpha: float):
+    """Ridge in closed form from X'X, X'y summed over the chunks (one pass, shared by every alpha),
+    then the validation MSE as a 0-d Dask array: a second pass over the chunks with the solved
+    weights, so each feature set's chunks are read again after the sums' reduction."""
+    p = x.shape[1] - 2
+    k = p + 1
+    sums = x.map_blocks(_sums_chunk, chunks=((1,) * x.numblocks[0], (k * k + k,)), dtype=float,
+                        meta=np.empty((0, 0))).sum(axis=0)
+    w = sums.map_blocks(_solve, alpha, p, chunks=((k,),), dtype=float, meta=np.empty((0,)))
+    errs = x.map_blocks(_val_errors, w, chunks=((1,) * x.numblocks[0], (2,)), dtype=float,
+                        meta=np.empty((0, 0))).sum(axis=0)
+    return {"val_mse": errs.map_blocks(_ratio, chunks=(), drop_axis=0, dtype=float, meta=np.empty(()))}
+
+
+def spill_causes(dask_worker) -> dict:
+    """A worker's disk bytes by what made Dask write or read them (``client.run``): the first label
+    of its own metrics (``Worker.digests_total``): ``execute`` (a task's output stored past the spill
+    buffer's target, or an input read back), ``memory-monitor`` (process memory past the ``spill``
+    threshold), ``gather-dep``/``get-data`` (a transfer between workers)."""
+    out: dict = {}
+    for name, v in dask_worker.digests_total.items():
+        if isinstance(name, tuple) and len(name) >= 3 and name[-1] == "bytes" and name[-2] in ("disk-write", "disk-read"):
+            k = f"{name[-2]}:{name[0]}"
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def churn_exploration(rows: int, chunks: int, alphas):
+    from pipelines import Pipeline, grid, lazy
+
+    bench = importlib.import_module("benchmarks.collections_explore")  # steps by reference, not __main__
+    return (Pipeline("churn").source(lazy(bench.churn_table), rows=rows, chunks=chunks)
+            .explore("cleaning", grid(bench.churn_clean, how=list(CHURN_CLEANINGS)))
+            .explore("features", grid(bench.churn_features, kind=list(CHURN_KINDS)))
+            .explore("model", grid(bench.churn_ridge, alpha=list(alphas)))
+            .choose("val_mse", mode="min"))
+
+
+def churn_metrics(rows: int, chunks: int, alphas):
+    """The same 18 branches as plain Dask collections (0-d arrays), for one dask.compute."""
+    bench = importlib.import_module("benchmarks.collections_explore")
+    src = bench.churn_table(rows, chunks)
+    out = {}
+    for how in CHURN_CLEANINGS:
+        c = bench.churn_clean(src, how)
+        for kind in CHURN_KINDS:
+            f = bench.churn_features(c, kind)
+            for a in alphas:
+                out[(how, kind, float(a))] = bench.churn_ridge(f, a)["val_mse"]
+    return out
+
+
+def run_churn(args) -> int:
+    """--churn: the budgeted Quiver run and one plain dask.compute of the same branches, each on a
+    fresh cluster; spilled and read-back bytes from the workers' own spill counters."""
+    from dask.utils import format_bytes
+
+    rows, chunks, wm = args.churn_rows, args.churn_chunks, int(args.worker_memory or 640 * MiB)
+    alphas = (0.1, 100.0, 10_000.0)
+    table = rows * CHURN_COLS * 8
+    budget = int(args.budget) if args.budget else 2 * wm
+    cfg = {"workers": 2, "worker_memory": wm}
+    churn_methods = ("quiver", "quiver_nobudget", "quiver_dask_order", "one_compute")
+    methods = [m for m in args.methods.split(",") if m in churn_methods] or ["quiver", "one_compute"]
+    print(f"collections_explore --churn: {rows:,} x {CHURN_COLS} float64 = {format_bytes(table)} in {chunks} seeded chunks; "
+          f"18 branches; 2 workers x {format_bytes(wm)}; budget {format_bytes(budget)}; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    runs: dict = {m: [] for m in methods}
+    scores: dict = {}
+    for rep in range(args.repeats or 1):
+        for m in (methods if rep % 2 == 0 else methods[::-1]):
+            lc, client = cluster(cfg)
+            try:
+                with Measured(client) as meas:
+                    if m == "one_compute":
+                        import dask
+
+                        ms = churn_metrics(rows, chunks, alphas)
+                        got = dict(zip(ms, map(float, dask.compute(*ms.values()))))
+                        extra = {}
+                    else:
+                        r = churn_exploration(rows, chunks, alphas).run(
+                            client, memory_budget=None if m == "quiver_nobudget" else budget, progress=False, quiet=True,
+                            order="dask" if m == "quiver_dask_order" else "depth-first")
+                        got = {(row["cleaning.how"], row["features.kind"], float(row["model.alpha"])): float(row["val_mse"])
+                               for _, row in r.table.iterrows()}
+                        extra = {k: r.stats.get(k) for k in ("predicted_spill_bytes", "planned_spill", "planned_recompute",
+                                                              "recomputed_tasks", "memory_plan_installed", "memory_plan_note")}
+                        if r.memory_plan is not None:
+                            extra["plan"] = {"baseline": r.memory_plan.baseline, "share": r.memory_plan.worker_data_budget,
+                                             "predicted_spill_bytes": r.memory_plan.spill_bytes,
+                                             "predicted_read_bytes": r.memory_plan.read_bytes}
+                causes: dict = {}
+                for per in client.run(spill_causes).values():
+                    for k, v in per.items():
+                        causes[k] = causes.get(k, 0) + int(v)
+                res = dict(meas.result, **extra, spill_causes=causes)
+                runs[m].append(res)
+                scores.setdefault(m, got)
+                print(f"  {m:<16} run {rep + 1}: {res['wall_s']:.1f}s, spilled {format_bytes(res['spilled_bytes'])} "
+                      f"({res['spilled_bytes'] / table:.2f}x the table), read back {format_bytes(res['read_back_bytes'])}, "
+                      f"peak {format_bytes(res['peak_memory_bytes'])}, {res['executed_tasks']} tasks, "
+                      f"recomputed {res['recomputed_tasks']}", flush=True)
+                print(f"    by cause (MiB): { {k: round(v / MiB) for k, v in sorted(causes.items())} }; plan (MiB): "
+                      f"{ {k: round(v / MiB) for k, v in extra.get('plan', {}).items()} }", flush=True)
+                if extra.get("memory_plan_note"):
+                    print(f"    note: {extra['memory_plan_note']}", flush=True)
+            finally:
+                client.close()
+                lc.close()
+    ref = scores.get("one_compute") or next(iter(scores.values()))
+    agree = all(abs(got[k] - ref[k]) <= 1e-6 * abs(ref[k]) for got in scores.values() for k in ref)
+    best = {m: min(got, key=got.get) for m, got in scores.items()}
+    med = {m: statistics.median(r["wall_s"] for r in rs) for m, rs in runs.items() if rs}
+    spill = {m: statistics.median(r["spilled_bytes"] for r in rs) / table for m, rs in runs.items() if rs}
+    print(f"median wall: {med}; spilled / table: {spill}; scores agree: {agree}; best: {set(map(str, best.values()))}")
+    print(f"load average after {os.getloadavg()[0]:.1f} (a shared machine skews every wall time)")
+    out = args.output or RESULTS / "collections_explore.churn.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "collections_explore --churn", "rows": rows, "chunks": chunks,
+                               "table_bytes": table, "worker_memory": wm, "budget": budget, "runs": runs,
+                               "median_wall_s": med, "spilled_over_table": spill, "agree": agree,
+                               "versions": versions()}, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return 0 if agree else 1
 
 
 def _fill_array(X, values):
@@ -347,7 +566,14 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--data", default=None, help="directory of the Parquet table (default: a temp-dir cache)")
     ap.add_argument("--output", type=Path, default=None)
+    ap.add_argument("--churn", action="store_true", help="issue 24 point 0: a lazy dask.array source, 3 cleanings x 2 "
+                    "feature sets x 3 alphas, Quiver under a budget vs one dask.compute: bytes spilled and read back")
+    ap.add_argument("--churn-rows", type=int, default=1_600_000, help="--churn table rows (x 61 float64; default 745 MiB)")
+    ap.add_argument("--churn-chunks", type=int, default=80, help="--churn chunks")
+    ap.add_argument("--budget", type=parse_bytes, default=None, help="--churn memory_budget (default 2 x --worker-memory)")
     args = ap.parse_args(argv)
+    if args.churn:
+        return run_churn(args)
     args.rows_per_file = args.rows_per_file or (10_000 if args.quick else 125_000)
     if args.rows_per_file < 1 or (args.rows is not None and args.rows < 1):
         ap.error("--rows and --rows-per-file must be >= 1")

@@ -16,7 +16,7 @@ import copy
 import os
 from typing import Any
 
-__all__ = ["cluster", "default_workers", "gpu_count", "share_workers"]
+__all__ = ["cluster", "default_workers", "gpu_count", "share_workers", "worker_share"]
 
 _PROTOCOLS = {None: None, "tcp": "tcp", "ucx": "ucxx", "ucxx": "ucxx"}
 
@@ -41,8 +41,13 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _share(budget: Any, n: int) -> int:
-    """One worker's even share of a total budget (``"2 GiB"`` or bytes)."""
+def worker_share(budget: Any, n: int) -> int:
+    """One worker's even share of a total budget (``"2 GiB"`` or bytes): the one rule for
+    splitting a memory budget over workers (``graph.memory.limits.worker_limits`` uses it too).
+
+    >>> worker_share("1 GiB", 2), worker_share(10, 3)
+    (536870912, 3)
+    """
     from dask.utils import parse_bytes
 
     return int(parse_bytes(budget) if isinstance(budget, str) else budget) // max(1, n)
@@ -95,11 +100,11 @@ def cluster(
     slots = gpus * workers_per_gpu
     n = (min(n_workers or slots, slots) if use_gpu else n_workers or default_workers()) or 1
     if memory_budget is not None:
-        common["memory_limit"] = _share(memory_budget, n)
+        common["memory_limit"] = worker_share(memory_budget, n)
     if device_memory_budget is not None:
         if not use_gpu:
             raise ValueError("device_memory_budget applies to GPU workers; this cluster has none")
-        common["device_memory_limit"] = _share(device_memory_budget, n)
+        common["device_memory_limit"] = worker_share(device_memory_budget, n)
     if proto:
         common["protocol"] = proto
     if use_gpu:

@@ -137,11 +137,13 @@ def connect(
     )
     if memory_budget is not None:
         from .memory.budget import worker_limits
+        from .memory.limits import dask_thresholds
         from .memory.spill import PlannedSpillBuffer
 
         limit = worker_limits(memory_budget, kwargs["n_workers"])
         kwargs["memory_limit"] = limit
-        kwargs["data"] = (PlannedSpillBuffer, {"target": int(limit * 0.6)})  # Dask's default target until a plan sets its own
+        target = dask_thresholds().target  # Dask's own spill target (dask.config) until a plan sets its own
+        kwargs["data"] = (PlannedSpillBuffer, {"target": int(limit * target) if target else limit})
     elif memory_limit is not None:
         kwargs["memory_limit"] = memory_limit
     from . import embedded

@@ -137,3 +137,48 @@ def test_settled_is_false_exactly_when_some_worker_fell_by_the_tolerance(before,
     fell = who in before and before[who] - after[who] >= 0.02 * before[who]
     assert settled(before, after) is (not fell)
     assert settled(before, before)  # an unchanged reading is always settled
+
+
+def spill_state(x):
+    """The worker's spill buffer as this task sees it: its target and whether a plan orders it."""
+    from distributed import get_worker
+
+    fast = get_worker().data.fast
+    return {"target": int(fast.n), "planned": getattr(fast, "plan", None) is not None, "n": float(x[0])}
+
+
+def spill_state_and_value(x):
+    """:func:`spill_state`, keeping ``x`` in the branch's output (held until the run gathers it)."""
+    return {**spill_state(x), "x": x}
+
+
+def test_a_budgeted_run_on_data_that_fits_applies_no_spill_settings(tmp_path):
+    """Issue 24 point 2: when the plan holds every result, the budget leaves Dask's spill settings
+    alone (no planned eviction order, the worker's own spill target) and reports so; a tighter
+    budget on the same cluster still installs the plan (the guarantee is kept)."""
+    from distributed import Client, LocalCluster
+
+    from graph.memory.limits import dask_thresholds
+
+    limit = 1024 * MiB
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0") as lc, Client(lc) as c:
+        node = Pipeline("fits").source(big, n_bytes=2 * MiB).explore("probe", a=spill_state, b=spill_state)
+        r = node.run(c, memory_budget=2 * limit, quiet=True, progress=False)
+        assert r.stats["memory_plan_installed"] is False and r.memory_plan.evicts is False
+        for v in r.value:
+            assert v["planned"] is False
+            assert v["target"] == int(limit * dask_thresholds().target)  # Dask's own, untouched
+        assert r.stats["spilled_bytes"] == 0
+
+        # twelve 20 MiB outputs held to the end cannot all stay: the plan evicts, so it is installed
+        tight = Pipeline("tight").source(big, n_bytes=20 * MiB).explore(
+            "scale", **{f"x{i}": (lambda i: (lambda x: x * i))(i) for i in range(12)}).then(spill_state_and_value)
+        baseline = max(c.run(lambda: __import__("psutil").Process().memory_info().rss).values())
+        budget = 2 * int((baseline * 1.15 + 130 * MiB) / dask_thresholds().results_fraction)
+        r2 = tight.run(c, memory_budget=budget, quiet=True, progress=False)
+        assert r2.memory_plan.evicts is True and r2.stats["memory_plan_installed"] is True
+        # installed once a plan evicted (here: the re-plan with the first branch's measured sizes):
+        # its eviction order; the spill target stays Dask's (its monitor spills by process memory)
+        planned = [v for v in r2.value if v["planned"]]
+        assert planned and all(v["target"] == int(limit * dask_thresholds().target) for v in planned)

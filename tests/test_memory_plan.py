@@ -10,7 +10,8 @@ import pytest
 import graph
 from graph import PipelineError
 from graph.keys import step_name
-from graph.memory.plan import KEEP, RECOMPUTE, SPILL, SPILL_FRACTION, execution_order, plan_memory
+from graph.memory.limits import dask_thresholds
+from graph.memory.plan import KEEP, RECOMPUTE, SPILL, execution_order, plan_memory
 from graph.memory.sizes import SizeEstimates, parse_bytes
 from pipelines import Pipeline, grid
 
@@ -35,7 +36,7 @@ def finish(x):
 
 def budget_for(data_bytes: int) -> int:
     """A one-worker budget whose share for results (baseline 0) is ``data_bytes``."""
-    return int(data_bytes / SPILL_FRACTION) + 1
+    return int(data_bytes / dask_thresholds().results_fraction) + 1
 
 
 def sizes_by_step(c, **by_step):
@@ -303,3 +304,27 @@ def test_planned_spill_buffer_evicts_by_plan_on_real_disk(tmp_path):
     assert os.listdir(tmp_path / "storage")  # really on disk
     assert buf["late"] == b"l" * 1000  # and read back intact
     assert buf.cumulative_metrics[("disk-write", "count")] >= 2
+
+
+def test_a_plan_that_holds_everything_takes_the_cheap_path_and_a_tight_one_does_not():
+    """Issue 24 point 2: ``MemoryPlan.evicts`` is what the run's budget installs a plan for."""
+    c = graph.compile(Pipeline("w").source(load).explore("a", grid(step, a=list(range(6)))).then(finish))
+    roomy = plan_memory(c, "100 GB", workers=1, baseline=0, sizes=sizes_by_step(c, load=10 * MB, step=10 * MB, finish=10 * MB))
+    assert not roomy.evicts and roomy.spill_bytes == 0 and roomy.count(KEEP) == len(roomy.decisions)
+    tight = plan_memory(c, budget_for(35 * MB), workers=1, baseline=0,
+                        sizes=sizes_by_step(c, load=10 * MB, step=10 * MB, finish=10 * MB))
+    assert tight.evicts and tight.count(KEEP) < len(tight.decisions)
+
+
+def test_the_room_for_results_follows_daskconfig_thresholds():
+    import dask
+
+    from graph.memory.limits import Thresholds, data_share
+
+    c = graph.compile(Pipeline("w").source(load).explore("a", grid(step, a=[1, 2])))
+    with dask.config.set({"distributed.worker.memory.spill": 0.5}):
+        p = plan_memory(c, 1000 * MB, workers=2, baseline=100 * MB)
+    assert p.worker_data_budget == 500 * MB * 0.5 - 100 * MB
+    assert data_share(1000, workers=2, baseline=100, thresholds=Thresholds(spill=False, pause=0.9)) == 350
+    with dask.config.set({"distributed.worker.memory.spill": 7}), pytest.raises(ValueError, match="memory.spill"):
+        plan_memory(c, 1000 * MB, workers=2, baseline=100 * MB)

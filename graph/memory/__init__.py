@@ -1,5 +1,6 @@
 """Memory under a byte budget: size estimates, the plan, the workers' planned spill buffer, the run's budget.
 
+* :mod:`graph.memory.limits`: a worker's share of the budget, Dask's thresholds, the room for results;
 * :mod:`graph.memory.sizes`: byte sizes of step results (measured, hinted, a sibling's, a default);
 * :mod:`graph.memory.plan`: :func:`plan_memory`, pure: what stays, spills or is recomputed (Belady's
   rule over the run order), as a printable :class:`MemoryPlan`;
@@ -24,6 +25,9 @@ __all__ = [
     "MemoryPlan",
     "PlannedSpillBuffer",
     "SizeEstimates",
+    "Thresholds",
+    "dask_thresholds",
+    "data_share",
     "format_bytes",
     "parse_bytes",
     "plan_memory",
@@ -32,7 +36,10 @@ __all__ = [
 
 _LAZY = {
     "BudgetedRun": "graph.memory.budget",
-    "worker_limits": "graph.memory.budget",
+    "worker_limits": "graph.memory.limits",
+    "Thresholds": "graph.memory.limits",
+    "dask_thresholds": "graph.memory.limits",
+    "data_share": "graph.memory.limits",
     "MemoryPlan": "graph.memory.plan",
     "plan_memory": "graph.memory.plan",
     "PlannedSpillBuffer": "graph.memory.spill",

@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
+from .limits import Thresholds, dask_thresholds, data_share, worker_limits
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 
 __all__ = [
@@ -55,9 +56,6 @@ KEEP, SPILL, RECOMPUTE = "keep", "spill", "recompute"
 DEFAULT_BASELINE = 160 * 2**20
 #: assumed disk throughput (bytes/s) when deciding spill vs recompute
 DEFAULT_DISK_BANDWIDTH = 300e6
-#: share of a worker's memory limit results may use: Dask's own ``spill`` threshold
-#: (process memory above it makes the worker evict), below ``pause`` (0.8)
-SPILL_FRACTION = 0.7
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,19 @@ class MemoryPlan:
     recomputed: int
     estimated_keys: dict[str, int] = field(default_factory=dict)  # how many sizes came from each source
     too_big: list[str] = field(default_factory=list)  # steps over a worker's share (non-strict re-plans)
+    thresholds: Thresholds = field(default_factory=Thresholds)  # Dask's, that the share was computed with
+
+    @property
+    def evicts(self) -> bool:
+        """Whether the plan takes anything out of memory before its last use (spills or drops it),
+        or found a step too big for a worker. ``False``: every result fits in its worker's share
+        from creation to last use, so Dask's own spill settings need no change (the cheap path).
+
+        >>> MemoryPlan(budget=1, workers=1, baseline=0, worker_data_budget=1, order=(), decisions={},
+        ...            predicted_data_peak=0, spill_bytes=0, read_bytes=0, recomputed=0).evicts
+        False
+        """
+        return bool(self.too_big) or any(d.action != KEEP for d in self.decisions.values()) or self.spill_bytes > 0
 
     @property
     def predicted_peak(self) -> int:
@@ -262,6 +273,7 @@ def plan_memory(
     default_size: int = 1 << 20,
     decided: Mapping[tuple[int, int], str] | None = None,
     strict: bool = True,
+    thresholds: Thresholds | None = None,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -272,6 +284,7 @@ def plan_memory(
     recomputation (spilling is the safe default).
 
     ``decided``: the chooses' decisions so far (a re-plan during a run).
+    ``thresholds``: Dask's worker memory thresholds (default: ``dask.config``'s).
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -281,229 +294,278 @@ def plan_memory(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
-    per_worker = budget // workers
-    worker_data = int(per_worker * SPILL_FRACTION) - baseline
+    thresholds = dask_thresholds() if thresholds is None else thresholds
+    worker_data = _room_for_results(budget, workers, baseline, thresholds)
+    est = _estimates(compiled, sizes, default_size)
+    sched = execution_order(compiled, decided)
+    walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
+    walk.run(lambda k, inputs, need: _step_fits(k, inputs, need, walk, est, strict, budget, workers, baseline))
+    return walk.plan(budget, workers, baseline, thresholds)
+
+
+def _room_for_results(budget: int, workers: int, baseline: int, thresholds: Thresholds) -> int:
+    """One worker's bytes for results (:func:`graph.memory.limits.data_share`); refused when none."""
+    worker_data = data_share(budget, workers=workers, baseline=baseline, thresholds=thresholds)
     if worker_data <= 0:
+        per_worker = worker_limits(budget, workers)
+        frac = thresholds.results_fraction
         raise PipelineError(
             f"memory budget {format_bytes(budget)} over {workers} worker(s) leaves no room for results: "
-            f"each worker gets {format_bytes(per_worker)}, of which {format_bytes(int(per_worker * SPILL_FRACTION))} "
-            f"before Dask starts spilling, and an idle worker already uses about {format_bytes(baseline)}. "
+            f"each worker gets {format_bytes(per_worker)}, of which {format_bytes(int(per_worker * frac))} "
+            f"({frac:.0%}) before Dask starts spilling, and an idle worker already uses about {format_bytes(baseline)}. "
             "Raise memory_budget or use fewer workers."
         )
+    return worker_data
+
+
+def _estimates(compiled: Any, sizes: SizeEstimates | Mapping[str, int] | None, default_size: int) -> SizeEstimates:
+    """The size estimates the plan reads: the given ones, with the compiled size hints."""
     if isinstance(sizes, SizeEstimates):
-        est = sizes
         for k, n in compiled.size_hints.items():
-            est.hints.setdefault(k, n)
-    else:
-        est = SizeEstimates(hints=compiled.size_hints, measured=sizes or {}, default=default_size)
-    seconds = dict(seconds or {})
+            sizes.hints.setdefault(k, n)
+        return sizes
+    return SizeEstimates(hints=compiled.size_hints, measured=sizes or {}, default=default_size)
 
-    sched = execution_order(compiled, decided)
-    order = sched.order
-    end = len(order)
-    pos = {k: i for i, k in enumerate(order)}
 
-    def deps(key: str):
-        task = compiled.graph.get(key) or compiled.metric_graph[key]
+def _step_fits(key: str, inputs: list, need: int, walk: "_Belady", est: SizeEstimates, strict: bool,
+               budget: int, workers: int, baseline: int) -> None:
+    """A step whose inputs and output cannot fit in one worker's share: refused (``strict``) or listed."""
+    if need <= walk.capacity:
+        return
+    if not strict:
+        walk.too_big.append(key)
+        return
+    size = walk.size
+    parts = ", ".join(f"{step_of(d)} {format_bytes(size[d])}" for d in inputs)
+    raise PipelineError(
+        f"step {step_of(key)!r} cannot fit in one worker's share of the memory budget: its output "
+        f"(~{format_bytes(size[key])}, {est.source(key)})"
+        + (f" and inputs ({parts})" if inputs else "")
+        + f" need {format_bytes(need)}, but each of the {workers} worker(s) has "
+        f"{format_bytes(walk.capacity)} for results ({format_bytes(worker_limits(budget, workers))} per worker, less "
+        f"an idle worker's {format_bytes(baseline)}). Raise memory_budget, use fewer workers, "
+        "or split the step so it produces smaller pieces."
+    )
+
+
+class _Belady:
+    """One worker running the whole order with its own share (shared inputs are copied to every
+    worker that reads them, so this is what one worker can be asked to hold): holds each result
+    until its death, and when room is needed evicts the result read furthest in the future,
+    spilling it or planning to recompute it, whichever costs less."""
+
+    def __init__(self, compiled: Any, sched: _Schedule, est: SizeEstimates, seconds: dict[str, float],
+                 disk_bandwidth: float, capacity: int):
+        self.compiled, self.sched, self.est = compiled, sched, est
+        self.seconds, self.disk_bandwidth, self.capacity = seconds, disk_bandwidth, capacity
+        self.order = sched.order
+        self.uses = _uses(compiled, sched)
+        self.size = {k: est.get(k) for k in self.order}
+        self.step_seconds: dict[str, float] = {}
+        for k, v in seconds.items():
+            self.step_seconds[step_of(k)] = max(self.step_seconds.get(step_of(k), 0.0), v)
+        self.costs: dict[str, float] = {}
+        # a result is alive while a later task reads it or a choose may still want it: until its
+        # death (its last use, or the end of its hold); the walk releases it at the first step past
+        # that, from a bucket per step, so a step costs what it releases, not a scan of the resident
+        hold = sched.hold_until
+        self.death = {k: max(float(self.uses[k][-1]) if self.uses[k] else -1.0, hold.get(k, -1.0)) for k in self.order}
+        self.due: dict[int, list[str]] = {}
+        # eviction candidates, furthest next use first, then largest, then longest resident: a heap
+        # of (-next use, -size, residency number, key) whose entries go stale when the key leaves
+        # memory (its residency number changes) or is read (a fresh entry is pushed after the step)
+        self.ranks: list = []
+        self.residency: dict[str, int] = {}
+        self.counter = itertools.count()
+        self.too_big: list[str] = []
+        self.resident: dict[str, int] = {}
+        self.on_disk: set[str] = set()
+        self.action: dict[str, str] = {}
+        self.evicted_at: dict[str, int] = {}
+        self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
+
+    def deps(self, key: str):
+        task = self.compiled.graph.get(key) or self.compiled.metric_graph[key]
         return task.dependencies
 
-    uses: dict[str, list[int]] = {k: [] for k in order}
-    for k in order:
-        for d in deps(k):
-            uses[d].append(pos[k])
-    for k in sched.held:
-        uses[k].append(end)
-    for u in uses.values():
-        u.sort()
-    hold = sched.hold_until
-    size = {k: est.get(k) for k in order}
-    sources: dict[str, int] = {}
-    for k in order:
-        if k in compiled.graph:
-            src = est.source(k)
-            sources[src] = sources.get(src, 0) + 1
-    step_seconds: dict[str, float] = {}
-    for k, v in seconds.items():
-        step_seconds[step_of(k)] = max(step_seconds.get(step_of(k), 0.0), v)
+    def cost(self, key: str) -> float:
+        if key not in self.costs:
+            self.costs[key] = self.seconds[key] if key in self.seconds else self.step_seconds.get(step_of(key), math.inf)
+        return self.costs[key]
 
-    costs: dict[str, float] = {}
-
-    def cost(key: str) -> float:
-        if key not in costs:
-            costs[key] = seconds[key] if key in seconds else step_seconds.get(step_of(key), math.inf)
-        return costs[key]
-
-    def next_use(key: str, t: float) -> int | None:
-        u = uses[key]
+    def next_use(self, key: str, t: float) -> int | None:
+        u = self.uses[key]
         i = bisect.bisect_right(u, t)
         return u[i] if i < len(u) else None
 
-    # a result is alive while a later task reads it or a choose may still want it: until its
-    # death (its last use, or the end of its hold); the loop releases it at the first step past
-    # that, from a bucket per step, so a step costs what it releases, not a scan of the resident
-    death = {k: max(float(uses[k][-1]) if uses[k] else -1.0, hold.get(k, -1.0)) for k in order}
-    due: dict[int, list[str]] = {}
+    def rank_entry(self, key: str, t: int) -> tuple:
+        n = self.next_use(key, t)
+        return (-(math.inf if n is None else n), -self.resident[key], self.residency[key], key)
 
-    # eviction candidates, furthest next use first, then largest, then longest resident: a heap
-    # of (-next use, -size, residency number, key) whose entries go stale when the key leaves
-    # memory (its residency number changes) or is read (a fresh entry is pushed after the step)
-    ranks: list = []
-    residency: dict[str, int] = {}
-    counter = itertools.count()
-
-    def rank_entry(key: str, t: int) -> tuple:
-        n = next_use(key, t)
-        return (-(math.inf if n is None else n), -resident[key], residency[key], key)
-
-    def resident_from(key: str, t: int) -> None:
+    def resident_from(self, key: str, t: int) -> None:
         """``key`` became resident at step ``t``: rank it, and check it again when it dies."""
-        residency[key] = next(counter)
-        heapq.heappush(ranks, rank_entry(key, t))
-        due.setdefault(max(t, math.ceil(death[key])), []).append(key)
+        self.residency[key] = next(self.counter)
+        heapq.heappush(self.ranks, self.rank_entry(key, t))
+        self.due.setdefault(max(t, math.ceil(self.death[key])), []).append(key)
 
-    # Each worker is modelled as running the whole order with its own share: shared inputs are
-    # copied to every worker that reads them, so this is what one worker can be asked to hold.
-    capacity = worker_data
-    too_big: list[str] = []
-    resident: dict[str, int] = {}
-    on_disk: set[str] = set()
-    action: dict[str, str] = {}
-    evicted_at: dict[str, int] = {}
-    tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
+    def add(self, key: str, t: int) -> None:
+        self.resident[key] = self.size[key]
+        self.resident_from(key, t)
+        self.tally["total"] += self.size[key]
+        self.tally["peak"] = max(self.tally["peak"], self.tally["total"])
 
-    def chain_cost(key: str, seen: set[str]) -> float:
+    def chain_cost(self, key: str) -> float:
         """Seconds to recompute ``key`` from what will still be in memory or on disk
         (iterative: a chain thousands of steps deep must not hit Python's recursion limit)."""
-        c = 0.0
-        stack = [key]
+        c, stack, seen = 0.0, [key], set()
         while stack:
             k = stack.pop()
-            c += cost(k)
+            c += self.cost(k)
             if c == math.inf:  # unknown cost: nothing further changes the answer
                 return c
-            for d in deps(k):
-                if d in resident or d in on_disk or d in seen:
+            for d in self.deps(k):
+                if d in self.resident or d in self.on_disk or d in seen:
                     continue
                 seen.add(d)
                 stack.append(d)
         return c
 
-    def bring(key: str, t: int) -> None:
+    def bring(self, key: str, t: int) -> None:
         """Make ``key`` resident: read it back, or recompute it (and what it needs first)."""
         stack = [(key, False)]
         while stack:
             k, inputs_ready = stack.pop()
-            if k in resident:
+            if k in self.resident:
                 continue
-            if k in on_disk:
-                on_disk.discard(k)
-                tally["read"] += size[k]
+            if k in self.on_disk:
+                self.on_disk.discard(k)
+                self.tally["read"] += self.size[k]
             elif not inputs_ready:
                 stack.append((k, True))  # come back once what it needs is resident
-                stack.extend((d, False) for d in deps(k) if d not in resident)
+                stack.extend((d, False) for d in self.deps(k) if d not in self.resident)
                 continue
             else:
-                tally["recomputed"] += 1
-            resident[k] = size[k]
-            resident_from(k, t)
-            tally["total"] += size[k]
-            tally["peak"] = max(tally["peak"], tally["total"])
+                self.tally["recomputed"] += 1
+            self.add(k, t)
 
-    def make_room(nbytes: int, protected: set[str], t: int) -> None:
-        while tally["total"] + nbytes > capacity:
-            v, aside = None, []
-            while ranks:  # the furthest next use (Belady), skipping stale entries
-                entry = heapq.heappop(ranks)
-                r = entry[3]
-                if r not in resident or residency.get(r) != entry[2] or entry != rank_entry(r, t):
-                    continue
-                if r in protected:
-                    aside.append(entry)
-                    continue
-                v = r
-                break
-            for entry in aside:
-                heapq.heappush(ranks, entry)
+    def victim(self, protected: set[str], t: int) -> str | None:
+        """The resident result read furthest in the future (Belady), skipping stale entries."""
+        v, aside = None, []
+        while self.ranks:
+            entry = heapq.heappop(self.ranks)
+            r = entry[3]
+            if r not in self.resident or self.residency.get(r) != entry[2] or entry != self.rank_entry(r, t):
+                continue
+            if r in protected:
+                aside.append(entry)
+                continue
+            v = r
+            break
+        for entry in aside:
+            heapq.heappush(self.ranks, entry)
+        return v
+
+    def evict(self, v: str, t: int) -> None:
+        """Take ``v`` out of memory: to disk, or dropped to be recomputed, whichever costs less."""
+        size = self.size[v]
+        nu = self.next_use(v, t)
+        self.tally["total"] -= self.resident.pop(v)
+        self.evicted_at.setdefault(v, t)
+        if nu is None:
+            # only held in case an undecided choose keeps its branch (chance p): dropping costs
+            # p x recomputing it; spilling costs a write now and p x a read back
+            p = self.sched.keep_chance.get(v, 1.0)
+            spill = self.action.get(v) == SPILL or p * self.chain_cost(v) > (1 + p) * size / self.disk_bandwidth
+            if not spill:
+                self.action.setdefault(v, RECOMPUTE)
+                return
+        elif self.action.get(v) != SPILL and self.chain_cost(v) < 2 * size / self.disk_bandwidth:
+            self.action[v] = RECOMPUTE
+            return
+        self.action[v] = SPILL
+        self.on_disk.add(v)
+        self.tally["spill"] += size
+
+    def make_room(self, nbytes: int, protected: set[str], t: int) -> None:
+        while self.tally["total"] + nbytes > self.capacity:
+            v = self.victim(protected, t)
             if v is None:
                 return
-            nu = next_use(v, t)
-            tally["total"] -= resident.pop(v)
-            evicted_at.setdefault(v, t)
-            if nu is None:
-                # only held in case an undecided choose keeps its branch (chance p): dropping costs
-                # p x recomputing it; spilling costs a write now and p x a read back
-                p = sched.keep_chance.get(v, 1.0)
-                if action.get(v) == SPILL or p * chain_cost(v, set()) > (1 + p) * size[v] / disk_bandwidth:
-                    action[v] = SPILL
-                    on_disk.add(v)
-                    tally["spill"] += size[v]
-                else:
-                    action.setdefault(v, RECOMPUTE)
-                continue
-            spill_cost = 2 * size[v] / disk_bandwidth
-            if action.get(v) != SPILL and chain_cost(v, set()) < spill_cost:
-                action[v] = RECOMPUTE
-            else:
-                action[v] = SPILL
-                on_disk.add(v)
-                tally["spill"] += size[v]
+            self.evict(v, t)
 
-    for t, k in enumerate(order):
-        inputs = list(deps(k))
-        need_here = size[k] + sum(size[d] for d in inputs)
-        if need_here > worker_data and not strict:
-            too_big.append(k)
-        elif need_here > worker_data:
-            parts = ", ".join(f"{step_of(d)} {format_bytes(size[d])}" for d in inputs)
-            raise PipelineError(
-                f"step {step_of(k)!r} cannot fit in one worker's share of the memory budget: its output "
-                f"(~{format_bytes(size[k])}, {est.source(k)})"
-                + (f" and inputs ({parts})" if inputs else "")
-                + f" need {format_bytes(need_here)}, but each of the {workers} worker(s) has "
-                f"{format_bytes(worker_data)} for results ({format_bytes(per_worker)} per worker, less "
-                f"an idle worker's {format_bytes(baseline)}). Raise memory_budget, use fewer workers, "
-                "or split the step so it produces smaller pieces."
-            )
-        for d in inputs:
-            if d not in resident:
-                make_room(size[d], set(inputs), t)
-                bring(d, t)
-        make_room(size[k], set(inputs), t)
-        if k not in resident:
-            resident[k] = size[k]
-            resident_from(k, t)
-        else:
-            resident[k] = size[k]
-        tally["total"] += size[k]
-        tally["peak"] = max(tally["peak"], tally["total"])
-        for d in inputs:  # read at t: ranked by their next use after t
-            if d in resident:
-                heapq.heappush(ranks, rank_entry(d, t))
-        for r in due.pop(t, ()):  # release what nothing reads or holds any more
-            if death[r] <= t:
-                if r in resident:
-                    tally["total"] -= resident.pop(r)
-                on_disk.discard(r)
+    def release_dead(self, t: int) -> None:
+        """Release what nothing reads or holds any more."""
+        for r in self.due.pop(t, ()):
+            if self.death[r] <= t:
+                if r in self.resident:
+                    self.tally["total"] -= self.resident.pop(r)
+                self.on_disk.discard(r)
 
-    decisions = {
-        k: Decision(k, size[k], est.source(k), action.get(k, KEEP), tuple(uses[k]), evicted_at.get(k))
-        for k in order
-        if k in compiled.graph and (uses[k] or k in hold)
-    }
-    return MemoryPlan(
-        budget=budget,
-        workers=workers,
-        baseline=baseline,
-        worker_data_budget=worker_data,
-        order=tuple(order),
-        decisions=decisions,
-        predicted_data_peak=tally["peak"],
-        spill_bytes=tally["spill"],
-        read_bytes=tally["read"],
-        recomputed=tally["recomputed"],
-        estimated_keys=sources,
-        too_big=too_big,
-    )
+    def run(self, check: Any) -> None:
+        """Walk the order; ``check(key, inputs, bytes needed)`` sees each step before it runs."""
+        size = self.size
+        for t, k in enumerate(self.order):
+            inputs = list(self.deps(k))
+            check(k, inputs, size[k] + sum(size[d] for d in inputs))
+            for d in inputs:
+                if d not in self.resident:
+                    self.make_room(size[d], set(inputs), t)
+                    self.bring(d, t)
+            self.make_room(size[k], set(inputs), t)
+            if k not in self.resident:
+                self.add(k, t)
+            else:  # recomputed as an input earlier at this step: counted again, as before
+                self.tally["total"] += size[k]
+                self.tally["peak"] = max(self.tally["peak"], self.tally["total"])
+            for d in inputs:  # read at t: ranked by their next use after t
+                if d in self.resident:
+                    heapq.heappush(self.ranks, self.rank_entry(d, t))
+            self.release_dead(t)
+
+    def plan(self, budget: int, workers: int, baseline: int, thresholds: Thresholds) -> MemoryPlan:
+        c, est, uses, hold = self.compiled, self.est, self.uses, self.sched.hold_until
+        sources: dict[str, int] = {}
+        for k in self.order:
+            if k in c.graph:
+                src = est.source(k)
+                sources[src] = sources.get(src, 0) + 1
+        decisions = {
+            k: Decision(k, self.size[k], est.source(k), self.action.get(k, KEEP), tuple(uses[k]), self.evicted_at.get(k))
+            for k in self.order
+            if k in c.graph and (uses[k] or k in hold)
+        }
+        return MemoryPlan(
+            budget=budget,
+            workers=workers,
+            baseline=baseline,
+            worker_data_budget=self.capacity,
+            order=tuple(self.order),
+            decisions=decisions,
+            predicted_data_peak=self.tally["peak"],
+            spill_bytes=self.tally["spill"],
+            read_bytes=self.tally["read"],
+            recomputed=self.tally["recomputed"],
+            estimated_keys=sources,
+            too_big=self.too_big,
+            thresholds=thresholds,
+        )
+
+
+def _uses(compiled: Any, sched: _Schedule) -> dict[str, list[int]]:
+    """For each key of the order, the sorted positions of the tasks that read it (``len(order)``:
+    gathered at the end)."""
+    order = sched.order
+    pos = {k: i for i, k in enumerate(order)}
+    uses: dict[str, list[int]] = {k: [] for k in order}
+    for k in order:
+        task = compiled.graph.get(k) or compiled.metric_graph[k]
+        for d in task.dependencies:
+            uses[d].append(pos[k])
+    for k in sched.held:
+        uses[k].append(len(order))
+    for u in uses.values():
+        u.sort()
+    return uses
 
 
 #: a predicted peak this far from the measured one (either way) is reported
@@ -545,15 +607,8 @@ def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str,
         )
     unplanned = spilled - plan.spill_bytes
     if unplanned > max(0.05 * spilled, 1 << 20):
-        planned_worker = plan.baseline + plan.predicted_data_peak
-        notes.append(
-            f"Dask spilled {format_bytes(unplanned)} that the plan did not plan to spill "
-            f"({format_bytes(plan.spill_bytes)} planned): Dask spills results whenever a worker's process "
-            f"memory passes {SPILL_FRACTION:.0%} of its limit ({format_bytes(int(plan.worker_memory_limit * SPILL_FRACTION))} here), "
-            f"and a worker reached {format_bytes(worker_peak)} against the plan's "
-            f"{format_bytes(planned_worker)} (idle {format_bytes(plan.baseline)} + results "
-            f"{format_bytes(plan.predicted_data_peak)})"
-        )
+        notes.append(f"Dask spilled {format_bytes(unplanned)} that the plan did not plan to spill "
+                     f"({format_bytes(plan.spill_bytes)} planned): " + _why_spilled(plan, worker_peak))
     if notes and (ratio > 1 + PEAK_TOLERANCE or unplanned > max(0.05 * spilled, 1 << 20)):
         notes.append(
             "the difference is memory the plan does not model: the steps' temporaries while they run, "
@@ -569,3 +624,35 @@ def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str,
     if notes:
         out["memory_plan_note"] = "; ".join(notes[:-1]) + ". " + notes[-1][0].upper() + notes[-1][1:] + "."
     return out
+
+
+def _why_spilled(plan: MemoryPlan, worker_peak: int) -> str:
+    """Which of Dask's two spill triggers the measured worker peak points to, with the numbers.
+
+    Dask writes results to disk when a worker's *process* memory passes the ``spill`` threshold
+    (then down to ``target``), and also when the results it holds (``dask.sizeof``) pass its
+    spill buffer's target, which a plan that evicts sets to the plan's share for results.
+
+    >>> M = 2**20
+    >>> p = MemoryPlan(budget=1280 * M, workers=2, baseline=270 * M, worker_data_budget=178 * M, order=(),
+    ...                decisions={}, predicted_data_peak=170 * M, spill_bytes=0, read_bytes=0, recomputed=0)
+    >>> _why_spilled(p, 354 * M)                                        # doctest: +ELLIPSIS
+    "no worker's process memory reached Dask's spill threshold (70% of 640.00 MiB = 448.00 MiB; the highest was 354.00 MiB), so Dask wrote these because the results a worker held (by dask.sizeof) passed ..."
+    """
+    limit = plan.worker_memory_limit
+    frac = plan.thresholds.results_fraction
+    at = int(limit * frac)
+    if worker_peak > at:
+        return (
+            f"a worker's process memory reached {format_bytes(worker_peak)}, past Dask's spill threshold "
+            f"({frac:.0%} of {format_bytes(limit)} = {format_bytes(at)}), where Dask writes results to disk "
+            f"until the process is back under its target; the plan expected at most {format_bytes(plan.baseline + plan.predicted_data_peak)} "
+            f"(idle {format_bytes(plan.baseline)} + results {format_bytes(plan.predicted_data_peak)})"
+        )
+    return (
+        f"no worker's process memory reached Dask's spill threshold ({frac:.0%} of {format_bytes(limit)} = "
+        f"{format_bytes(at)}; the highest was {format_bytes(worker_peak)}), so Dask wrote these because the results "
+        f"a worker held (by dask.sizeof) passed its spill buffer's target ({format_bytes(plan.worker_data_budget)}, "
+        "the plan's share for results, where the plan evicts; Dask's own target otherwise): results held longer or "
+        "larger than the plan's sizes and order assumed"
+    )

@@ -89,14 +89,9 @@ def configs(size: dict) -> list[tuple]:
 
 def load_example():
     """``examples/staged_training.py`` as a module, shipped by value (workers cannot import examples/)."""
-    import cloudpickle
+    from benchmarks.example_script import load_example as load
 
-    spec = importlib.util.spec_from_file_location("staged_training", ROOT / "examples" / "staged_training.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
+    return load("staged_training.py", "staged_training")
 
 
 def summarise(trials: list[dict], size: dict, warmups_trained: int) -> dict:

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -71,7 +70,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import cloudpickle  # noqa: E402
 import torch  # noqa: E402
 
 from pipelines import halving  # noqa: E402
@@ -92,12 +90,9 @@ FACTOR = 3
 
 def load_example():
     """``examples/tune_mnist.py`` as a module, shipped by value (workers cannot import examples/)."""
-    spec = importlib.util.spec_from_file_location("tune_mnist", ROOT / "examples" / "tune_mnist.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
+    from benchmarks.example_script import load_example as load
+
+    return load("tune_mnist.py", "tune_mnist")
 
 
 EX = load_example()

@@ -82,6 +82,8 @@ def test_a_real_run_breakdown_adds_up_to_its_wall_time(client):
     assert total == pytest.approx(tb["window_s"], rel=0.05)
     # the window is the run (stats["wall_seconds"]) plus the workers' imports before it
     assert s["wall_seconds"] <= tb["window_s"] <= 1.05 * (s["wall_seconds"] + tb["importing"]) + 0.25
-    # what the steps slept, in thread-seconds over the 2 threads (sleeps last at least that long)
-    assert tb["loading"] >= 0.3 / 2 * 0.95
-    assert tb["computing"] >= 0.2 * (1 + 2 + 3 + 4) / 2 * 0.95
+    # what the steps slept, in thread-seconds over the 2 threads (sleeps last at least that long),
+    # each under its own category; overlaps beyond the threads (a transfer, another run's task
+    # on the shared cluster) are scaled down, so the bounds leave room for them
+    assert tb["loading"] >= 0.3 / 2 * 0.5
+    assert tb["computing"] >= 0.2 * (1 + 2 + 3 + 4) / 2 * 0.5

@@ -147,7 +147,7 @@ def test_checkpoints_stay_on_the_workers_and_a_choose_between_stages_drops_whole
     kept = result.chosen.iloc[0]["warmup.lr"]
     assert {m[0] for m in marks(tmp_path, "finetune")} == {f"{kept:g}"}
     dropped = result.table[result.table["warmup.lr"] != kept]
-    assert set(dropped["status"]) == {"pruned"} and set(dropped["iterations"]) == {0}
+    assert set(dropped["status"]) == {"dropped"} and set(dropped["iterations"]) == {0}
 
     # the control: the same tripwire does fire when a checkpoint is what the run returns
     control = tmp_path / "control"

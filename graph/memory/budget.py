@@ -7,14 +7,15 @@ and asks the scheduler-side monitor to stop the run at once if a result turns ou
 than a worker's share of the budget.
 
 When the plan holds every result until its last use (``MemoryPlan.evicts`` is false: the
-data fits) that is all: Dask's own spill settings stay, nothing more is measured, and a
-re-plan costs only the planning. Only a plan that evicts pays for the rest: the idle
-memory re-read while it still falls (:func:`settled`), the disk speed measured, the plan's
-eviction order and spill target installed on every worker
-(:class:`graph.memory.spill.MemoryPlanPlugin`; the spill target only where Dask's own
-spilling by process memory is off, :func:`spill_target`) and the results it drops marked for
-recomputation. A re-plan that starts to evict (measured sizes larger than estimated)
-installs the eviction order then (nothing is measured mid-run: the default disk speed).
+data fits) nothing more is measured and a re-plan costs only the planning; when every task's
+size is also hinted, so the plan is no guess, that is all: Dask's own spill settings stay.
+Otherwise the plan's eviction order and spill target (:func:`spill_target`, the plan's share
+for results) are installed on every worker (:class:`graph.memory.spill.MemoryPlanPlugin`)
+before anything runs, as the guard against sizes larger than guessed. Only a plan that
+evicts pays for the rest: the idle memory re-read while it still falls (:func:`settled`),
+the disk speed measured, and the results it drops marked for recomputation. A re-plan that
+starts to evict installs the plan then if it was not (nothing is measured mid-run: the
+default disk speed).
 
 >>> worker_limits("1 GiB", 2)
 536870912
@@ -296,7 +297,10 @@ class BudgetedRun:
             plan = self._prepare_eviction(plan, {}, strict=not self.sample)
         self.plan = plan
         self.too_big.update(plan.too_big)
-        self._install(plan)
+        # sizes not all known yet (no hint, nothing measured): the plan's "everything fits" is a
+        # guess, so its spill target goes on now, before the first results show it wrong (Dask's
+        # memory monitor samples too slowly to save a tight worker from fast allocations)
+        self._install(plan, sure=_all_hinted(compiled))
         return self._droppable(plan)
 
     def _settle(self) -> bool:
@@ -332,9 +336,10 @@ class BudgetedRun:
             again = True
         return self._plan(decided, strict=strict) if again else plan
 
-    def _install(self, plan: MemoryPlan) -> None:
-        """Put a plan that evicts on the workers (its eviction order and spill target): once,
-        then only its planned uses change. A plan that holds everything installs nothing."""
+    def _install(self, plan: MemoryPlan, sure: bool = True) -> None:
+        """Put the plan on the workers (its eviction order and spill target) once a plan evicts,
+        or from the start when its sizes are guesses (``sure=False``); then only its planned uses
+        change. A plan that surely holds everything installs nothing (the cheap path)."""
         if self.plugin_name is not None:
             try:
                 self.client.run(
@@ -343,12 +348,15 @@ class BudgetedRun:
             except Exception as exc:  # recorded: a worker went away, the others still got it
                 logger.debug("quiver: re-plan not sent to every worker: %s", exc)
             return
-        if not plan.evicts:
+        if sure and not plan.evicts:
             return
         self.plugin_name = f"quiver-memory-{self.run_id}"
-        self.client.register_plugin(
-            MemoryPlanPlugin(self.plugin_name, plan.next_uses(), plan.positions(), spill_target(plan))
-        )
+        plugin = MemoryPlanPlugin(self.plugin_name, plan.next_uses(), plan.positions(), spill_target(plan))
+        try:
+            self.client.register_plugin(plugin)
+        except OSError as exc:  # recorded (CommClosedError is one): a worker left while it was sent; the
+            # scheduler keeps the plugin and gives it to every worker that joins, the restarted one too
+            logger.warning("quiver: the memory plan did not reach every worker (%s: %s)", type(exc).__name__, exc)
 
     def on_first_result(self, decided: dict) -> frozenset | None:
         """The first branch result is in: plan again with what was measured (not after a sampling pass)."""
@@ -440,28 +448,29 @@ class BudgetedRun:
         return out
 
 
-def spill_target(plan: MemoryPlan) -> int | None:
-    """The spill-buffer target a plan that evicts sets on the workers: none (Dask's own stays)
-    while Dask's memory monitor spills by process memory, the plan's share for results only
-    where that spilling is off (``distributed.worker.memory.spill: False``).
+def spill_target(plan: MemoryPlan) -> int:
+    """The spill-buffer target an installed plan sets on the workers: the plan's share for
+    results, so a result that would pass it is written to disk as it is stored.
 
-    Measured (``benchmarks/collections_explore.py --churn``, 200 MiB table, 2 x 320 MiB workers,
-    one run each, load 9-14 on 2 cores): with the plan's share as the target the workers spilled
-    27x the table, all of it while storing task results (synchronously, by estimated sizes:
-    the share is an idle worker's memory + 15% away from the spill threshold), in 101 s; with
-    Dask's own target, the monitor spilled 22x by actual process memory, in the plan's order,
-    in 38-66 s, as one ``dask.compute`` (23x, 50 s).
+    Measured trade-off (``benchmarks/collections_explore.py --churn``, 200 MiB table, 2 x 320 MiB
+    workers, one run each, load 9-14 on 2 cores): with this target the workers spilled 27x the
+    table in 101 s; leaving Dask's own target (its monitor spilling by process memory) spilled
+    22x in 38-66 s, but its monitor samples every 100 ms and let a worker of a 400 MiB budget
+    pass 95% and be restarted (``tests/test_memory_choose.py``): the budget's guarantee first.
 
-    >>> from graph.memory.limits import Thresholds
     >>> p = MemoryPlan(budget=2, workers=1, baseline=0, worker_data_budget=1, order=(), decisions={},
     ...                predicted_data_peak=0, spill_bytes=0, read_bytes=0, recomputed=0)
-    >>> spill_target(p) is None
-    True
-    >>> p.thresholds = Thresholds(spill=False)
     >>> spill_target(p)
     1
     """
-    return plan.worker_data_budget if plan.thresholds.spill is False else None
+    return plan.worker_data_budget
+
+
+def _all_hinted(compiled: Any) -> bool:
+    """Whether every task of ``compiled`` has a size hint (so a plan made before anything ran is
+    not a guess)."""
+    hints = getattr(compiled, "size_hints", {}) or {}
+    return bool(compiled.graph) and all(k in hints for k in compiled.graph)
 
 
 def _guard_message(msg: Any) -> str:

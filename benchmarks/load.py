@@ -97,19 +97,24 @@ def run_trivial(client, n: int, pids) -> dict:
 def run_trivial_dask(client, n: int, pids) -> dict:
     """The same compiled tasks (steps and metric reads) in one ``client.get``: Dask's own cost."""
     import graph
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     c = graph.compile(build_trivial(n))
-    dsk = dict(c.graph)
-    dsk.update(c.metric_graph)
-    keys = list(c.metric_graph)
+    values, figures = _plain_get(client, {**c.graph, **c.metric_graph}, list(c.metric_graph), pids)
+    assert max(m for m, _ in values) == n - 1
+    return figures
+
+
+def _plain_get(client, dsk: dict, keys: list, pids) -> tuple[list, dict]:
+    """``dsk`` in one ``client.get`` of one materialized layer (Dask orders it itself), every key
+    of ``keys`` asked for at once: the values, and the figures of a plain Dask row."""
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
     with Probe(pids) as probe:
         t = time.perf_counter()
         hlg = HighLevelGraph({"plain": MaterializedLayer(dsk)}, {"plain": set()})
         values = client.get(hlg, keys, sync=True)
         wall = time.perf_counter() - t
-    assert max(m for m, _ in values) == n - 1
-    return {"wall_s": wall, "execute_wall_s": wall, "tasks": len(dsk), **probe.figures()}
+    return values, {"wall_s": wall, "execute_wall_s": wall, "tasks": len(dsk), **probe.figures()}
 
 
 def trivial_main(sizes: list[int], repeats: int, output: str) -> int:
@@ -271,21 +276,15 @@ def run_dask(client, a: int, pids) -> dict:
     """Plain Dask at its best: the same tasks, already built, in one ``client.get`` of one
     materialized layer (Dask orders it itself), every metric key asked for at once."""
     import graph
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     c = graph.compile(build(a))
     finals = set(c.output_keys)
     dsk = {k: t for k, t in c.graph.items() if k not in finals}  # the same work Quiver runs before the choose
     dsk.update(c.metric_graph)
-    keys = list(c.metric_graph)
-    with Probe(pids) as probe:
-        t = time.perf_counter()
-        hlg = HighLevelGraph({"plain": MaterializedLayer(dsk)}, {"plain": set()})
-        values = client.get(hlg, keys, sync=True)
-        top = sorted((m for m, _ in values), reverse=True)[:3]
-        wall = time.perf_counter() - t
+    values, figures = _plain_get(client, dsk, list(c.metric_graph), pids)
+    top = sorted((m for m, _ in values), reverse=True)[:3]
     assert [int(x) for x in top] == expected_top3(a)
-    return {"wall_s": wall, "execute_wall_s": wall, "tasks": len(dsk), **probe.figures()}
+    return figures
 
 
 @contextlib.contextmanager

@@ -62,13 +62,16 @@ def test_2000_branches_run_every_unique_task_once(client):
     assert result.table["chosen"].sum() == 3 and (result.table["status"] == "ok").all()
 
 
+def run_load(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python benchmarks/load.py ARGS`` from the repository root, its output captured."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "load.py"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def test_load_benchmark_quick(tmp_path):
     """The smoke mode runs both methods on the same tasks and its verdicts follow from its numbers."""
     out = tmp_path / "load.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--quick", "--sizes", "480", "1000", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_load("--quick", "--sizes", "480", "1000", "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
@@ -94,10 +97,7 @@ def test_load_benchmark_trivial_mode(tmp_path):
     """``--trivial``: n branches of one step returning {"m": i} and a choose, two tasks per branch
     (plus the source), both methods on the same tasks, and the target's verdict from the numbers."""
     out = tmp_path / "trivial.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "load.py"), "--trivial", "30,60", "--repeats", "1", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_load("--trivial", "30,60", "--repeats", "1", "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert [r["branches"] for r in data["rows"]] == [30, 60]
@@ -105,6 +105,5 @@ def test_load_benchmark_trivial_mode(tmp_path):
         assert r["quiver_tasks"] == r["dask_tasks"] == 2 * r["branches"] + 1
         assert r["quiver_ms_per_branch"] == pytest.approx(1000 * r["quiver_wall_s"] / r["branches"])
     assert data["met"] is False  # no 10,000-branch row: nothing to meet
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "load.py"), "--trivial", "ten"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = run_load("--trivial", "ten", timeout=60)
     assert bad.returncode == 2 and "--trivial takes branch counts" in bad.stderr

@@ -289,14 +289,13 @@ class FoldsStep:
         return summarize(out, error_score=self.error_score) if self.summary else out
 
 
-def collect_folds(first: Any, second: Any) -> list:
-    """Gather a candidate's fold results in fold order (groups of folds are joined two at a time)."""
-    return (list(first) if isinstance(first, list) else [first]) + (list(second) if isinstance(second, list) else [second])
+def collect_folds(first: list, second: list) -> list:
+    """Join two groups of a candidate's fold results, in fold order (groups are joined two at a time).
 
-
-def as_folds(only: dict) -> list:
-    """A single fold's result as the list :func:`summarize` takes."""
-    return [only]
+    >>> collect_folds([{"fold": 0}], [{"fold": 1}, {"fold": 2}])
+    [{'fold': 0}, {'fold': 1}, {'fold': 2}]
+    """
+    return [*first, *second]
 
 
 def _short(error: str) -> str:

@@ -92,6 +92,7 @@ def connect(
     quiet: bool = False,
     memory_budget: Any = None,
     info: dict | None = None,
+    preload: tuple[str, ...] | list[str] = (),
 ) -> Iterator[Client]:
     """Yield a ``distributed.Client``.
 
@@ -111,7 +112,11 @@ def connect(
     is spilled first.
 
     ``info`` (optional dict) is filled with ``cluster``: ``"given"``, ``"connected"``,
-    ``"started"`` or ``"reused"``.
+    ``"started"`` or ``"reused"``, and ``start_method`` for a started one.
+
+    ``preload``: modules the run's steps need (:func:`graph.warmup.step_modules`); a new
+    embedded cluster's workers are forked from a process that imported them
+    (:mod:`graph.workerstart`).
     """
     info = {} if info is None else info
     if isinstance(client, Client):
@@ -149,7 +154,8 @@ def connect(
     from . import embedded
 
     def start() -> tuple[Any, Any]:
-        return _start_embedded(kwargs, memory_budget)
+        cluster, c = _start_embedded(kwargs, memory_budget, preload, info)
+        return cluster, c
 
     if memory_budget is not None:  # never kept: its workers carry one run's planned spill settings
         cluster, c, reused, keep = (*start(), False, False)
@@ -177,22 +183,35 @@ def connect(
         yield c
 
 
-def _start_embedded(kwargs: dict, memory_budget: Any) -> tuple[Any, Any]:
+def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | None = None) -> tuple[Any, Any]:
     """A new embedded cluster and its client, with Quiver's dashboard pages and log digest."""
     import dask
 
     from .workerenv import embedded_environ
+    from .workerstart import forked_workers
 
     ours = embedded_environ(memory_budget)
-    variables = set(ours) | set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}))
+    spawn_config = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    variables = set(ours) | set(spawn_config)
     before = {k: os.environ.get(k) for k in variables}
     with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}):
         # Dask's nanny lets this process's environment override its config, and a nanny that
         # restarted a worker earlier (another cluster, a budgeted run) leaves its values there:
         # say ours in the environment too, for the nannies' start
         os.environ.update(ours)
+        # what the workers' processes must start with (as the nanny will compute it): forks of
+        # Quiver's prepared process only when that process started with the same
+        needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))
+                  for k in sorted(variables)}
         try:
-            cluster = LocalCluster(**kwargs)
+            with forked_workers(needed, preload) as method:
+                if method == "forkserver":
+                    # a fork keeps its server's environment: the rest of this process's (what
+                    # a spawned worker would inherit) is set in each worker as it starts
+                    kwargs = dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables})
+                cluster = LocalCluster(**kwargs)
+            if info is not None:
+                info["start_method"] = method
         finally:
             # Dask's nannies write the workers' variables into this process's environment too:
             # put it back, so that processes this one starts later (scikit-learn's joblib

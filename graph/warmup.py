@@ -58,16 +58,62 @@ def _named(fn: Any) -> set[str]:
     return found
 
 
+#: how deep :func:`_held` looks into the objects a step holds or is given (an estimator inside a
+#: pipeline inside the drop-in's fold step is three levels), and the most items of a container
+#: it opens (data is not walked: its modules come with the values' own unpickling)
+_DEPTH = 4
+_ITEMS = 64
+#: the most objects looked at per task, whatever their nesting (a bound on the walk's cost)
+_BUDGET = 500
+
+
+def _held(value: Any, found: set[str], depth: int = _DEPTH, budget: list[int] | None = None) -> None:
+    """Modules of the classes of the objects in ``value`` (a step object's attributes, a task's
+    arguments: the drop-in's estimators travel there, not in a function's globals); at most
+    ``budget[0]`` objects are looked at."""
+    budget = [_BUDGET] if budget is None else budget
+    if depth < 0 or budget[0] <= 0 or value is None or isinstance(value, (str, bytes, int, float, bool)):
+        return
+    budget[0] -= 1
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if len(value) <= _ITEMS:
+            for item in value:
+                _held(item, found, depth - 1, budget)
+        return
+    if isinstance(value, dict):
+        if len(value) <= _ITEMS:
+            for item in value.values():
+                _held(item, found, depth - 1, budget)
+        return
+    kind = value if isinstance(value, type) else type(value)
+    module = getattr(kind, "__module__", None)
+    if isinstance(module, str) and module != "builtins":
+        found.add(module)
+    if isinstance(value, type) or callable(getattr(value, "__array__", None)):
+        return
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        _held(attrs, found, depth - 1, budget)
+    slots = [n for k in kind.__mro__ for n in getattr(k, "__slots__", ()) if isinstance(n, str)]
+    if slots:  # dask.task_spec's nodes (a literal argument's DataNode) keep their values in slots
+        _held([getattr(value, n, None) for n in slots[:_ITEMS]], found, depth - 1, budget)
+
+
 def step_modules(compiled: Any) -> list[str]:
-    """The importable modules a compiled run's step functions come from or name (sorted;
-    ``__main__`` excluded: its functions travel by value)."""
+    """The importable modules a compiled run's step functions come from or name, and those of
+    the objects the steps hold or are given (sorted; ``__main__`` excluded: its functions travel
+    by value)."""
     found: set[str] = set()
     tasks: Iterable = list(getattr(compiled, "graph", {}).values()) + list(getattr(compiled, "metric_graph", {}).values())
     for task in tasks:
         fn = innermost(getattr(task, "func", None))
+        budget = [_BUDGET]
         if fn is not None:
             found |= _named(fn)
-    return sorted(m for m in found if m not in _SKIP and not m.startswith("<"))
+            _held(fn, found, budget=budget)
+        _held(list(getattr(task, "args", ()) or ()), found, budget=budget)
+        _held(dict(getattr(task, "kwargs", {}) or {}), found, budget=budget)
+    return sorted(m for m in found if m not in _SKIP and not m.startswith(("<", "dask.", "distributed.")))
 
 
 #: per worker process: modules the warm-up imported, and those it could not (name -> error)

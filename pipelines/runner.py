@@ -39,6 +39,7 @@ def run_node(
     from graph.executor import execute
     from graph.options import check_options
     from graph.tracebacks import restore_table
+    from graph.warmup import step_modules
 
     # every run option is checked by its one owner (graph.options), before anything runs
     store = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
@@ -48,6 +49,7 @@ def run_node(
     compiled = _prepare(node, client, memory_budget, workers, threads_per_worker)
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}
+    modules = step_modules(compiled)  # what the steps import: preloaded by new workers, then warmed up
     with contextlib.ExitStack() as stack:
         clock = time.perf_counter()
         c = stack.enter_context(connect(
@@ -58,13 +60,14 @@ def run_node(
             memory_limit=memory_limit,
             quiet=quiet,
             info=cluster_info,
+            preload=modules if client is None else (),
         ))
         cluster_seconds = time.perf_counter() - clock
         from graph.breakdown import Collector
 
         timing = Collector(c)  # graph/breakdown.py: where the time went, from Dask's task stream
         timing.begin()
-        _ready_cluster(c, compiled, pack)
+        _ready_cluster(c, compiled, pack, modules)
         timing.imported()
         from graph.stepwarnings import replay, watch
 
@@ -101,6 +104,7 @@ def run_node(
     # ("started": an embedded one, "reused": kept from the process's last run, "given"/"connected")
     record.stats["compile_seconds"] = compile_seconds
     record.stats["cluster"] = cluster_info.get("cluster")
+    record.stats["worker_start"] = cluster_info.get("start_method")  # "forkserver" or "spawn"; None when not started here
     record.stats["cluster_seconds"] = cluster_seconds
     _packing_stats(record.stats, compiled, takeovers)
     record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
@@ -134,13 +138,14 @@ def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, th
     return compiled
 
 
-def _ready_cluster(c: Any, compiled: Any, pack: bool) -> None:
-    """Every worker imports the steps' modules now, all at once; then ``gpu.train`` branches that
+def _ready_cluster(c: Any, compiled: Any, pack: bool, modules: list[str]) -> None:
+    """Every worker imports the steps' ``modules`` now, all at once (forked workers have them
+    already); then ``gpu.train`` branches that
     can share a worker are packed into groups (docs/architecture.md §7.3), one packed task per
     worker thread, each placed on its own."""
-    from graph.warmup import step_modules, warm_workers
+    from graph.warmup import warm_workers
 
-    warm_workers(c, step_modules(compiled))
+    warm_workers(c, modules)
     if pack:
         from graph.packing import pack_compiled
 

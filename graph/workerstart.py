@@ -1,0 +1,138 @@
+"""How an embedded cluster's worker processes start: forked from one prepared process.
+
+Dask's nanny starts each worker with multiprocessing's ``spawn``: a new interpreter that imports
+``distributed`` and then, task by task, everything the steps need (scikit-learn about 1 s,
+torch several seconds).  On two cores the two workers' imports, and the interpreters' slow
+teardown at close (0.3-0.8 s), are most of what a first ``fit`` pays beyond scikit-learn.
+
+Quiver starts an embedded cluster's workers with ``forkserver`` (Dask's
+``distributed.worker.multiprocessing-method``) instead: one server process imports
+``distributed`` and the run's step modules once, and every worker is a fork of it, with those
+modules already imported; a worker that ends leaves without the interpreter's teardown.
+
+Two rules keep it correct (:func:`start_method`, :func:`preloadable`; pure):
+
+- The server's environment is fixed when it starts (the allocator and thread variables a worker
+  must have before its process starts: :mod:`graph.workerenv`).  A cluster whose workers need
+  other values (a ``memory_budget``'s allocator setting, a changed config) is started with
+  ``spawn``, as Dask does.
+- Only modules of installed packages (and the standard library, and Quiver itself) are imported
+  in the server: a module of the user's own (a script's helper, a notebook's edited file) is
+  imported fresh by each worker, so a later cluster never runs a stale copy.
+
+``dask config quiver.embedded-cluster.start-method: spawn`` turns it off (``forkserver``,
+the default, where the platform has it).
+
+>>> start_method({"MALLOC_MMAP_THRESHOLD_": "33554432"}, server_environ=None, available=True)
+'forkserver'
+>>> start_method({"MALLOC_MMAP_THRESHOLD_": "131072"}, server_environ={"MALLOC_MMAP_THRESHOLD_": "33554432"},
+...              available=True)
+'spawn'
+>>> preloadable({"sklearn.svm._classes": "/venv/lib/python3.11/site-packages/sklearn/svm/_classes.py",
+...              "my_steps": "/home/me/project/my_steps.py", "graph.wrappers": "/src/graph/wrappers.py"},
+...             roots=["/venv/lib/python3.11/site-packages"])
+['graph.wrappers', 'sklearn.svm._classes']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import sysconfig
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["OWN_PACKAGES", "forked_workers", "preloadable", "start_method"]
+
+_CONFIG = "quiver.embedded-cluster.start-method"
+#: Quiver's own packages: a worker needs them for every run (its task wrappers)
+OWN_PACKAGES = ("pipelines", "graph", "gpu")
+_BASE = ["distributed", "distributed.nanny", "distributed.worker", "graph.wrappers"]
+
+_lock = threading.Lock()
+_server_environ: dict[str, str | None] | None = None  # the variables the running server started with
+
+
+def start_method(environ: Mapping[str, str | None], server_environ: Mapping[str, str | None] | None,
+                 available: bool, configured: str = "forkserver") -> str:
+    """``"forkserver"`` when workers that need ``environ`` can be forks of the server (none
+    started yet, or one started with the same values), else Dask's ``"spawn"``."""
+    if configured not in ("forkserver", "spawn"):
+        raise ValueError(f"dask config {_CONFIG!r} = {configured!r}: give 'forkserver' (workers forked from "
+                         f"one prepared process) or 'spawn' (Dask's default)")
+    if configured == "spawn" or not available:
+        return "spawn"
+    if server_environ is not None and dict(server_environ) != dict(environ):
+        return "spawn"
+    return "forkserver"
+
+
+def preloadable(files: Mapping[str, str | None], roots: Iterable[str]) -> list[str]:
+    """The modules (name -> file) the server may import: Quiver's own, and those whose file lies
+    under one of ``roots`` (site-packages, the standard library); sorted."""
+    roots = [r.rstrip(os.sep) + os.sep for r in roots if r]
+    keep = []
+    for name, file in files.items():
+        if name.split(".")[0] in OWN_PACKAGES or (file and any(file.startswith(r) for r in roots)):
+            keep.append(name)
+    return sorted(keep)
+
+
+def _roots() -> list[str]:
+    paths = sysconfig.get_paths()
+    return sorted({paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(k)})
+
+
+def _configured() -> str:
+    import dask
+
+    return str(dask.config.get(_CONFIG, default="forkserver"))
+
+
+@contextlib.contextmanager
+def forked_workers(environ: Mapping[str, str | None], modules: Iterable[str] = ()) -> Iterator[str]:
+    """While open, Dask nannies started here fork their workers from Quiver's server (started
+    on first use with ``modules`` that :func:`preloadable` allows, already imported here), when
+    :func:`start_method` allows; yields the method used.  ``environ``: the variables the
+    workers need, as they are in this process's environment when the nannies start."""
+    import dask
+
+    global _server_environ
+    available = "forkserver" in multiprocessing.get_all_start_methods()
+    with _lock:
+        method = start_method(environ, _server_environ, available, _configured())
+        if method == "forkserver" and _server_environ is None:
+            import distributed.utils
+
+            names = [m for m in modules if m in sys.modules]
+            files = {m: getattr(sys.modules[m], "__file__", None) for m in names}
+            # Dask's own preload list would import pandas into this process: ours replaces it
+            distributed.utils._forkserver_preload_set = True
+            multiprocessing.get_context("forkserver").set_forkserver_preload(_BASE + preloadable(files, _roots()))
+            _start_server(environ)
+            _server_environ = dict(environ)
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        yield method
+
+
+def _start_server(environ: Mapping[str, str | None]) -> None:
+    """Start the server now, with ``environ`` in its environment: its imports then run while
+    this process starts the scheduler (the first worker's start waits for them)."""
+    from multiprocessing import forkserver
+
+    before = {k: os.environ.get(k) for k in environ}
+    os.environ.update({k: v for k, v in environ.items() if v is not None})
+    for k, v in environ.items():
+        if v is None:
+            os.environ.pop(k, None)
+    try:
+        forkserver.ensure_running()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,121 @@
+"""An embedded cluster's workers are forks of one prepared process (graph.workerstart): they
+start with the run's installed step modules imported, never with a stale copy of the user's own
+modules, with this process's environment, and only when the prepared process's allocator and
+thread settings are the ones the workers need (else Dask's ``spawn``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graph.workerstart import preloadable, start_method
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENV_FAST = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+
+
+def test_forkserver_when_none_runs_or_it_started_with_the_same_environment():
+    assert start_method(ENV_FAST, None, available=True) == "forkserver"
+    assert start_method(ENV_FAST, dict(ENV_FAST), available=True) == "forkserver"
+
+
+def test_spawn_when_the_environment_differs_the_platform_lacks_it_or_config_says_so():
+    budget = dict(ENV_FAST, MALLOC_MMAP_THRESHOLD_="131072")
+    assert start_method(budget, ENV_FAST, available=True) == "spawn"
+    assert start_method(dict(ENV_FAST, OMP_NUM_THREADS=None), ENV_FAST, available=True) == "spawn"
+    assert start_method(ENV_FAST, None, available=False) == "spawn"
+    assert start_method(ENV_FAST, None, available=True, configured="spawn") == "spawn"
+
+
+def test_a_bad_start_method_names_the_config_key_and_the_choices():
+    with pytest.raises(ValueError, match=r"quiver.embedded-cluster.start-method.*'fork'.*forkserver.*spawn"):
+        start_method(ENV_FAST, None, available=True, configured="fork")
+
+
+def test_only_installed_modules_and_quivers_own_are_preloaded():
+    files = {
+        "sklearn.svm._classes": "/venv/lib/site-packages/sklearn/svm/_classes.py",
+        "json.decoder": "/usr/lib/python3.11/json/decoder.py",
+        "my_steps": "/home/me/work/my_steps.py",  # the user's own: imported fresh by each worker
+        "pipelines.sklearn.steps": "/src/quiver/pipelines/sklearn/steps.py",
+        "sitecustom_lookalike": "/venv/lib/site-packages-old/x.py",  # a prefix is not a parent
+        "builtin_mod": None,
+    }
+    assert preloadable(files, ["/venv/lib/site-packages", "/usr/lib/python3.11/"]) == [
+        "json.decoder", "pipelines.sklearn.steps", "sklearn.svm._classes"]
+
+
+SCRIPT = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import my_user_steps                      # the user's own module: never preloaded
+import sklearn.svm._classes               # an installed one: preloaded
+import dask
+from graph.cluster import connect
+import graph.embedded as embedded
+
+def probe():
+    return {"ppid": os.getppid(), "svm": "sklearn.svm._classes" in sys.modules,
+            "user": "my_user_steps" in sys.modules, "var": os.environ.get("QUIVER_START_PROBE"),
+            "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_")}
+
+out = {"me": os.getpid()}
+mods = ["sklearn.svm._classes", "my_user_steps"]
+with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0}):
+    info = {}
+    with connect(n_workers=2, quiet=True, preload=mods, info=info) as c:
+        out["first"] = {"method": info["start_method"], "workers": list(c.run(probe).values())}
+    os.environ["QUIVER_START_PROBE"] = "set-after-the-server-started"
+    info = {}
+    with connect(n_workers=1, quiet=True, preload=mods, info=info) as c:
+        out["second"] = {"method": info["start_method"], "workers": list(c.run(probe).values())}
+    info = {}
+    with connect(n_workers=1, quiet=True, memory_budget="600 MiB", info=info) as c:
+        out["budget"] = {"method": info["start_method"], "workers": list(c.run(probe).values())}
+    info = {}
+    with dask.config.set({"quiver.embedded-cluster.start-method": "spawn"}):
+        with connect(n_workers=1, quiet=True, preload=mods, info=info) as c:
+            out["spawn"] = {"method": info["start_method"], "workers": list(c.run(probe).values())}
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_embedded_workers_are_forks_with_installed_step_modules_and_this_process_environment(tmp_path):
+    (tmp_path / "my_user_steps.py").write_text("def step(x):\n    return x\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("QUIVER_START_PROBE", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    me = out["me"]
+
+    first = out["first"]
+    assert first["method"] == "forkserver"
+    assert len(first["workers"]) == 2
+    for w in first["workers"]:
+        assert w["ppid"] != me          # a fork of the server, not a child of this process
+        assert w["svm"] is True         # imported before the worker ran anything
+        assert w["user"] is False       # the user's module is not carried over from the server
+        assert w["mmap"] == "33554432"  # Quiver's allocator setting (graph.workerenv)
+
+    second = out["second"]              # the same server, a variable set since it started
+    assert second["method"] == "forkserver"
+    assert [w["var"] for w in second["workers"]] == ["set-after-the-server-started"]
+    assert second["workers"][0]["ppid"] == first["workers"][0]["ppid"]
+
+    budget = out["budget"]              # other allocator setting: Dask's spawn, from this process
+    assert budget["method"] == "spawn"
+    assert budget["workers"][0]["ppid"] == me and budget["workers"][0]["mmap"] == "131072"
+
+    spawned = out["spawn"]              # config switched off
+    assert spawned["method"] == "spawn"
+    assert spawned["workers"][0]["ppid"] == me and spawned["workers"][0]["svm"] is False
+

@@ -38,7 +38,7 @@ from .exploration import build
 from .relay import CHUNK, reemit, unpack
 from .results import Failed, fold_result, rows_by_candidate
 from .steps import MeanTest
-from .tokens import param_token
+from .tokens import param_token, tokens_remembered
 from .verbose import Lines, start_line
 
 __all__ = ["Evaluator"]
@@ -91,7 +91,11 @@ class Evaluator:
 
     def _run(self, candidates: list[dict], splits: list) -> list[dict]:
         """One Quiver run of ``candidates`` x ``splits``: what ``_fit_and_score`` returned for
-        each, candidate-major."""
+        each, candidate-major (every object's token worked out once: ``tokens_remembered``)."""
+        with tokens_remembered():
+            return self._run_remembered(candidates, splits)
+
+    def _run_remembered(self, candidates: list[dict], splits: list) -> list[dict]:
         s, X, y, routed = self.search, self.X, self.y, self.routed
         tokens = [param_token(c) for c in candidates]
         lines = None

@@ -10,13 +10,40 @@ this token and its table shows the estimator's repr.
 (True, False)
 >>> Est(PCA(5))
 PCA(n_components=5)
+
+One search asks for the same candidates' tokens many times (its plan, its keys, its table);
+inside :func:`tokens_remembered` each object's token is worked out once (the objects are held,
+so an ``id`` is never reused while the memo lives, and a search never changes them meanwhile):
+
+>>> est = PCA(5)
+>>> with tokens_remembered():
+...     param_token(est) == param_token(est) == estimator_token(PCA(5))
+True
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["estimator_token", "param_token", "Est", "wrap", "unwrap"]
+__all__ = ["estimator_token", "param_token", "tokens_remembered", "Est", "wrap", "unwrap"]
+
+_local = threading.local()  # .memo: id -> (object, token) while tokens_remembered() is open in this thread
+
+
+@contextlib.contextmanager
+def tokens_remembered() -> Iterator[None]:
+    """While open (in this thread), :func:`param_token` works each object's token out once."""
+    outer = getattr(_local, "memo", None)
+    if outer is None:
+        _local.memo = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _local.memo = None
 
 
 def _is_estimator(obj: Any) -> bool:
@@ -40,11 +67,19 @@ def _normal(value: Any) -> Any:
 
 def param_token(value: Any) -> str:
     """The deterministic token of a parameter value (estimators by class and ``get_params``)."""
+    memo = getattr(_local, "memo", None)
+    if memo is not None:
+        hit = memo.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
     import dask
     from dask.tokenize import tokenize
 
     with dask.config.set({"tokenize.ensure-deterministic": True}):
-        return tokenize(_normal(value))
+        token = tokenize(_normal(value))
+    if memo is not None:
+        memo[id(value)] = (value, token)
+    return token
 
 
 def estimator_token(estimator: Any) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -146,7 +147,21 @@ def warm_workers(client: Any, modules: list[str], timeout: float = 60.0) -> None
 
     if not modules or not dask.config.get("quiver.warmup", default=True):
         return
+    workers = tuple(sorted(getattr(client, "scheduler_info", lambda: {})().get("workers", {})))
+    done = _warmed.get(id(client))
+    if done is not None and (done[0]() is not client or done[1] != workers):
+        done = None
+    if done is not None and set(modules) <= done[2]:
+        return  # the same workers imported these for an earlier run (a kept cluster's next run)
     try:
         client.sync(client._run, _import_all, list(modules), on_error="ignore", callback_timeout=timeout)
     except Exception as exc:  # recorded and dropped: the warm-up is an optimisation, the run goes on
         logger.warning("warming the workers up did not finish (%s: %s); the run goes on", type(exc).__name__, exc)
+        return
+    _warmed.clear()  # one client remembered: the kept cluster's (a run on another starts over)
+    _warmed[id(client)] = (weakref.ref(client), workers, (done[2] if done else set()) | set(modules))
+
+
+#: id(client) -> (a weak reference to it, its workers' addresses, modules they imported): no
+#: second round trip to the same workers for the same modules
+_warmed: dict[int, tuple[Any, tuple[str, ...], set[str]]] = {}

@@ -108,8 +108,8 @@ def _quiver_explore(S, spec, load):
         r = node.run(quiet=True, progress=False, workers=2)
         st = r.stats
         return {"score": r.value["accuracy"], "test": r.value["test_accuracy"],
-                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "cluster_seconds", "wall_seconds",
-                                                     "busy_fraction", "executed_tasks", "naive_tasks")}}
+                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "cluster_seconds",
+                                                     "wall_seconds", "busy_fraction", "executed_tasks", "naive_tasks")}}
     return call
 
 
@@ -200,7 +200,7 @@ def _dropin(tool: str):
 
             s = GridSearchCV(pipe, grid, cv=5, progress=False).fit(X, y)
             st = s.quiver_result_.stats
-            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "cluster_seconds",
+            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "cluster_seconds",
                                                            "wall_seconds", "busy_fraction", "executed_tasks")}}
         elif tool == "dask_ml":
             import dask_ml.model_selection as dms
@@ -357,6 +357,7 @@ def summarise(runs: list[dict]) -> dict:
         if b:
             keys = [k for k, v in b[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
             out["breakdown_first"] = {k: _median([x[k] for x in b if x.get(k) is not None]) for k in keys}
+            out["worker_start"] = sorted({str(x.get("worker_start")) for x in b})  # forkserver or spawn
         b2 = [r["second"].get("breakdown") for r in ok if r["second"].get("breakdown")]
         if b2:
             keys = [k for k, v in b2[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]

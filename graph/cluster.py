@@ -188,7 +188,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
     import dask
 
     from .workerenv import embedded_environ
-    from .workerstart import forked_workers
+    from .workerstart import start_workers
 
     ours = embedded_environ(memory_budget)
     spawn_config = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
@@ -203,13 +203,15 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
         # Quiver's prepared process only when that process started with the same
         needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))
                   for k in sorted(variables)}
+        def make(method: str) -> Any:
+            if method == "forkserver":
+                # a fork keeps its server's environment: the rest of this process's (what a
+                # spawned worker would inherit) is set in each worker as it starts
+                return LocalCluster(**dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables}))
+            return LocalCluster(**kwargs)
+
         try:
-            with forked_workers(needed, preload) as method:
-                if method == "forkserver":
-                    # a fork keeps its server's environment: the rest of this process's (what
-                    # a spawned worker would inherit) is set in each worker as it starts
-                    kwargs = dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables})
-                cluster = LocalCluster(**kwargs)
+            cluster, method = start_workers(make, needed, preload)
             if info is not None:
                 info["start_method"] = method
         finally:

@@ -36,16 +36,22 @@ the default, where the platform has it).
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import multiprocessing
 import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["OWN_PACKAGES", "forked_workers", "preloadable", "start_method"]
+from .forkserver_preload import VARIABLE
+
+__all__ = ["OWN_PACKAGES", "preloadable", "start_method", "start_workers"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
 
 _CONFIG = "quiver.embedded-cluster.start-method"
 #: Quiver's own packages: a worker needs them for every run (its task wrappers)
@@ -53,7 +59,8 @@ OWN_PACKAGES = ("pipelines", "graph", "gpu")
 _BASE = ["distributed", "distributed.nanny", "distributed.worker", "graph.wrappers"]
 
 _lock = threading.Lock()
-_server_environ: dict[str, str | None] | None = None  # the variables the running server started with
+_server_environ: Any = None  # the variables the running server started with (or _BROKEN)
+_BROKEN = {"<broken>": "the server failed: spawn"}  # never equal to a real environment
 
 
 def start_method(environ: Mapping[str, str | None], server_environ: Mapping[str, str | None] | None,
@@ -92,16 +99,18 @@ def _configured() -> str:
     return str(dask.config.get(_CONFIG, default="forkserver"))
 
 
-@contextlib.contextmanager
-def forked_workers(environ: Mapping[str, str | None], modules: Iterable[str] = ()) -> Iterator[str]:
-    """While open, Dask nannies started here fork their workers from Quiver's server (started
-    on first use with ``modules`` that :func:`preloadable` allows, already imported here), when
-    :func:`start_method` allows; yields the method used.  ``environ``: the variables the
-    workers need, as they are in this process's environment when the nannies start."""
+def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], modules: Iterable[str] = ()) -> tuple[T, str]:
+    """``(make(method), method)``: ``make`` starts a cluster whose nannies (Dask's) start their
+    workers with ``method``, forks of Quiver's server (started on first use with the
+    ``modules`` :func:`preloadable` allows, already imported here) where :func:`start_method`
+    allows.  When a start with forks fails (the server could not start or died, e.g. a
+    preloaded module failing in it), the failure is logged, the server is not used again in
+    this process, and ``make`` is called once more with Dask's ``spawn``.  ``environ``: the
+    variables the workers need, as this process's environment has them when the nannies start."""
     import dask
 
     global _server_environ
-    available = "forkserver" in multiprocessing.get_all_start_methods()
+    available = "forkserver" in multiprocessing.get_all_start_methods() and _server_environ is not _BROKEN
     with _lock:
         method = start_method(environ, _server_environ, available, _configured())
         if method == "forkserver" and _server_environ is None:
@@ -111,11 +120,33 @@ def forked_workers(environ: Mapping[str, str | None], modules: Iterable[str] = (
             files = {m: getattr(sys.modules[m], "__file__", None) for m in names}
             # Dask's own preload list would import pandas into this process: ours replaces it
             distributed.utils._forkserver_preload_set = True
-            multiprocessing.get_context("forkserver").set_forkserver_preload(_BASE + preloadable(files, _roots()))
-            _start_server(environ)
-            _server_environ = dict(environ)
-    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
-        yield method
+            # one module that imports the rest each on its own (graph.forkserver_preload): a bare
+            # list would let one module's error kill the server, and Dask's nanny wait for ever
+            multiprocessing.get_context("forkserver").set_forkserver_preload(["graph.forkserver_preload"])
+            listed = ",".join(_BASE + preloadable(files, _roots()))
+            try:
+                _start_server({**environ, VARIABLE: listed})
+                _server_environ = dict(environ)
+            except OSError as exc:  # logged: the workers are spawned instead
+                _give_up(exc)
+                method = "spawn"
+    if method == "forkserver":
+        try:
+            with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+                return make("forkserver"), "forkserver"
+        except Exception as exc:  # logged, then the start is tried once more with spawn
+            with _lock:
+                _give_up(exc)
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        return make("spawn"), "spawn"
+
+
+def _give_up(exc: BaseException) -> None:
+    global _server_environ
+    _server_environ = _BROKEN
+    logger.warning("starting workers as forks of a prepared process failed (%s: %s); this process "
+                   "spawns its workers from now on (dask config %s: spawn does so from the start)",
+                   type(exc).__name__, exc, _CONFIG)
 
 
 def _start_server(environ: Mapping[str, str | None]) -> None:

@@ -119,3 +119,47 @@ def test_embedded_workers_are_forks_with_installed_step_modules_and_this_process
     assert spawned["method"] == "spawn"
     assert spawned["workers"][0]["ppid"] == me and spawned["workers"][0]["svm"] is False
 
+
+
+
+FAILING = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+os.environ["QUIVER_TEST_PARENT"] = str(os.getpid())
+import explodes_in_server               # fine here; raises in any other process (the server)
+import sklearn.svm._classes
+import dask
+import graph.workerstart as ws
+from graph.cluster import connect
+
+purelib = __import__("sysconfig").get_paths()["purelib"]
+ws._roots = lambda: [sys.argv[1], purelib]  # the test's module counts as installed
+
+def probe():
+    return {"bad": "explodes_in_server" in sys.modules, "svm": "sklearn.svm._classes" in sys.modules}
+
+out = {}
+with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0}):
+    info = {}
+    with connect(n_workers=1, quiet=True, preload=["explodes_in_server", "sklearn.svm._classes"], info=info) as c:
+        out = {"method": info["start_method"], "answer": c.submit(sum, [1, 2]).result(),
+               "workers": list(c.run(probe).values())}
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_a_module_failing_in_the_prepared_process_leaves_it_serving(tmp_path):
+    """Any error of a preloaded module (not only ImportError) stays in graph.forkserver_preload:
+    the server lives on and forks workers, which import that module themselves if they need it."""
+    (tmp_path / "explodes_in_server.py").write_text(
+        "import os\n"
+        "if os.getpid() != int(os.environ['QUIVER_TEST_PARENT']):\n"
+        "    raise RuntimeError('this module cannot be imported outside its own process')\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", FAILING, str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["method"] == "forkserver" and out["answer"] == 3
+    assert out["workers"] == [{"bad": False, "svm": True}]  # the others were preloaded all the same

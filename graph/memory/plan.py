@@ -638,10 +638,10 @@ def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str,
                      f"({format_bytes(plan.spill_bytes)} planned): " + _why_spilled(plan, worker_peak))
     if notes and (ratio > 1 + PEAK_TOLERANCE or unplanned > max(0.05 * spilled, 1 << 20)):
         notes.append(
-            "the difference is memory the plan does not model: the steps' temporaries while they run, "
-            "libraries a step loads that were not imported when idle memory was measured, and memory "
-            "freed but not yet returned to the OS. Give each step more room (a larger memory_budget or "
-            "fewer workers), or set size_hint on steps whose working memory is much larger than their result"
+            "the difference is memory the plan does not model: temporaries of steps before their first "
+            "instances were measured (stats['working_memory']), libraries a step loads that were not "
+            "imported when idle memory was measured, and memory freed but not yet returned to the OS. "
+            "Give each step more room (a larger memory_budget or fewer workers)"
         )
     elif notes:
         notes.append(

@@ -262,6 +262,7 @@ class BudgetedRun:
         self.settled = False  # the idle memory was re-read while it fell (only for a plan that evicts)
         self.working_name: str | None = None  # graph.memory.workmeter.WorkingMemoryPlugin, under a budget
         self.kills: dict[Any, int] = {}  # task -> workers restarted for memory while it ran on them
+        self.working_sent: dict[str, int] = {}  # the working memory per step last sent to the workers
         self.before = spill_counters(client)
 
     def start(
@@ -447,12 +448,14 @@ class BudgetedRun:
 
     def _share_working(self, plan: MemoryPlan) -> None:
         """Every worker admits a step by what any worker measured of it (not only its own)."""
-        if self.working_name is None or not plan.working:
-            return
+        learned = by_step(plan.working)
+        if self.working_name is None or not learned or learned == self.working_sent:
+            return  # nothing new measured: no round trip to the workers
         from .workmeter import update_working_on_worker
 
+        self.working_sent = learned
         try:
-            self.client.run(update_working_on_worker, name=self.working_name, learned=by_step(plan.working))
+            self.client.run(update_working_on_worker, name=self.working_name, learned=learned)
         except Exception as exc:  # recorded: a worker went away, the others still got it
             logger.debug("quiver: working memory not sent to every worker: %s", exc)
 

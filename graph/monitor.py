@@ -103,7 +103,9 @@ class RunMonitor(SchedulerPlugin):
             self._status(topic, msg.get("status"))
             return
         if topic == "worker-restart-memory" or (topic == "all" and action == "remove-worker"):
-            self._worker_lost(topic, msg)
+            facts = self.worker_lost(topic, msg)
+            if facts is not None and self.topic and self._scheduler is not None:
+                self._scheduler.log_event(self.topic, facts)
             return
         if topic != WAIT_TOPIC:
             return
@@ -128,13 +130,20 @@ class RunMonitor(SchedulerPlugin):
         elif status != "paused" and worker in self._paused_since:
             self.paused_seconds += now - self._paused_since.pop(worker)
 
-    def _worker_lost(self, topic: str, msg: dict) -> None:
+    def worker_lost(self, topic: str, msg: dict) -> dict | None:
         """Pair a nanny's restart-for-memory (its reading) with the scheduler's removal of that
-        worker (the tasks it was running), in whichever order they come; then, under a guard,
-        publish the facts for the run to judge (graph.memory.working.blame_killed)."""
+        worker (the tasks it was running), in whichever order they come: once both are in and
+        some of the run's tasks ran there, the facts for the run to judge
+        (``graph.memory.working.blame_killed``; published on the guard's topic), else ``None``.
+
+        >>> m = RunMonitor("run-1", ["big-1"])
+        >>> m.worker_lost("all", {"action": "remove-worker", "worker": "w1", "processing-tasks": {"big-1"}})
+        >>> m.worker_lost("worker-restart-memory", {"worker": "w1", "pid": 7, "rss": 650})
+        {'running': ['big-1'], 'rss': 650, 'limit': None, 'held': 0, 'killed': 'w1'}
+        """
         worker = msg.get("worker")
         if not isinstance(worker, str):
-            return
+            return None
         seen = self._killed.setdefault(worker, {})
         if topic == "worker-restart-memory":
             seen["rss"] = int(msg.get("rss") or 0)
@@ -145,10 +154,9 @@ class RunMonitor(SchedulerPlugin):
         if "rss" not in seen or "running" not in seen:
             if "rss" not in seen and len(self._killed) > 64:  # removals for other reasons: keep few
                 self._killed.pop(next(iter(self._killed)))
-            return
+            return None
         facts = self._killed.pop(worker)
-        if facts["running"] and self.topic and self._scheduler is not None:
-            self._scheduler.log_event(self.topic, {"killed": worker, **facts})
+        return {**facts, "killed": worker} if facts["running"] else None
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task on the scheduler: return at once unless

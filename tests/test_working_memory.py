@@ -146,3 +146,26 @@ def test_a_budgeted_run_with_large_temporaries_stays_under_the_pause_line():
     assert s["working_memory"]["grow"] == pytest.approx(360 * MiB, rel=0.10)
     assert s["worker_pauses"] == 0, f"paused {s['worker_pauses']} times ({s['paused_seconds']:.2f} s)"
     assert s["predicted_working_peak_bytes"] > s["predicted_data_peak_bytes"]
+
+
+def test_the_monitor_pairs_a_nannys_restart_with_the_workers_removal_in_either_order():
+    from graph.monitor import RunMonitor
+
+    removed = {"action": "remove-worker", "worker": "tcp://w1", "processing-tasks": {"big-1", "other-run-9"}}
+    restarted = {"worker": "tcp://w1", "pid": 7, "rss": 650 * MiB}
+    for first, second in (
+        (("all", removed), ("worker-restart-memory", restarted)),
+        (("worker-restart-memory", restarted), ("all", removed)),
+    ):
+        m = RunMonitor("run-1", ["big-1", "load-1"])
+        m._workers["tcp://w1"] = (640 * MiB, 20 * MiB)  # what the last sample saw
+        assert m.worker_lost(*first) is None  # half the evidence
+        facts = m.worker_lost(*second)
+        # only this run's tasks, with the nanny's reading and the worker's limit and held results
+        assert facts == {"killed": "tcp://w1", "running": ["big-1"], "rss": 650 * MiB,
+                         "limit": 640 * MiB, "held": 20 * MiB}
+    m = RunMonitor("run-1", ["big-1"])  # a worker closed normally: no nanny reading, nothing to judge
+    assert m.worker_lost("all", removed) is None and m.worker_lost("all", {**removed, "worker": "tcp://w2"}) is None
+    m = RunMonitor("run-1", ["load-1"])  # restarted while only other runs' tasks ran there
+    m.worker_lost("worker-restart-memory", restarted)
+    assert m.worker_lost("all", removed) is None

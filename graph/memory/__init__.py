@@ -6,6 +6,9 @@
   rule over the run order), as a printable :class:`MemoryPlan`;
 * :mod:`graph.memory.spill`: on the workers, Dask's ``SpillBuffer`` evicting by the plan;
 * :mod:`graph.memory.budget`: a run under a ``memory_budget`` (limits, baseline, re-planning).
+* :mod:`graph.memory.working`: pure rules on what a step holds while it runs (temporaries,
+  admission under the pause line, which step a worker restarted for memory is blamed on);
+* :mod:`graph.memory.workmeter`: on the workers, each task's working memory measured, tasks admitted by it.
 
 The rules are described in ``docs/architecture.md`` (scheduling and memory). Importing this package
 imports nothing heavy: its names load on first use.

@@ -32,6 +32,7 @@ from .limits import dask_thresholds, data_share, worker_limits
 from .plan import DEFAULT_DISK_BANDWIDTH, MemoryPlan, plan_memory
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
+from .working import blame_killed, by_step, killed_message
 
 __all__ = ["BudgetedRun", "measure_baseline", "settled", "spill_counters", "step_libraries", "worker_limits"]
 
@@ -259,6 +260,9 @@ class BudgetedRun:
         self.planned_with: tuple[int, int] = (1, 0)
         self.monitor_name: str | None = None
         self.settled = False  # the idle memory was re-read while it fell (only for a plan that evicts)
+        self.working_name: str | None = None  # graph.memory.workmeter.WorkingMemoryPlugin, under a budget
+        self.kills: dict[Any, int] = {}  # task -> workers restarted for memory while it ran on them
+        self.working_sent: dict[str, int] = {}  # the working memory per step last sent to the workers
         self.before = spill_counters(client)
 
     def start(
@@ -275,12 +279,13 @@ class BudgetedRun:
         ``sample=True``). Returns the keys the run may release early and recompute."""
         client = self.client
         self.compiled, self.snapshot = compiled, snapshot
-        client.subscribe_topic(self.topic, lambda event: abort(_guard_message(event[1])))
+        client.subscribe_topic(self.topic, lambda event: self._on_guard(event[1], abort))
         if self.budget is None:
             return frozenset()
         # one reading of the idle memory with the steps' libraries loaded: an upper bound (a
         # re-read only falls), enough when the plan holds everything
         self.planned_with = measure_baseline(client, modules=step_libraries(compiled))
+        self._measure_working()
         self.monitor_name = monitor_name
         self._guard()  # on before anything runs, the sampling pass included
         if self.sample and sample_first is not None:
@@ -302,6 +307,34 @@ class BudgetedRun:
         # memory monitor samples too slowly to save a tight worker from fast allocations)
         self._install(plan, sure=_all_hinted(compiled))
         return self._droppable(plan)
+
+    def _measure_working(self) -> None:
+        """Put the working-memory meter on the workers (graph.memory.workmeter): each task's
+        working memory is measured, and a task is admitted by its step's."""
+        from .workmeter import WorkingMemoryPlugin
+
+        name = f"quiver-working-{self.run_id}"
+        try:
+            self.client.register_plugin(WorkingMemoryPlugin(name))
+        except OSError as exc:  # recorded: a worker left while it was sent; the scheduler gives it to new ones
+            logger.warning("quiver: the working-memory meter did not reach every worker (%s: %s)", type(exc).__name__, exc)
+        self.working_name = name
+
+    def _on_guard(self, msg: Any, abort: Callable[[str], None]) -> None:
+        """The run's monitor reported a result over a worker's share (stop), or a worker its nanny
+        restarted for memory while the run's tasks ran on it (stop when one of them is to blame:
+        :func:`graph.memory.working.blame_killed`; otherwise Dask retries them)."""
+        if not (isinstance(msg, dict) and "killed" in msg):
+            abort(_guard_message(msg))
+            return
+        running = [tuple(k) if isinstance(k, list) else k for k in msg.get("running", ())]
+        for k in running:
+            self.kills[k] = self.kills.get(k, 0) + 1
+        baseline = self.planned_with[1]
+        rss, held = int(msg.get("rss") or 0), int(msg.get("held") or 0)
+        key = blame_killed(running, rss=rss, held=held, baseline=baseline, kills=self.kills)
+        if key is not None:
+            abort(killed_message(key, rss=rss, limit=msg.get("limit"), baseline=baseline))
 
     def _settle(self) -> bool:
         """Re-read the idle memory while it still falls (once per run); whether it fell."""
@@ -385,6 +418,7 @@ class BudgetedRun:
         c = self.compiled
         sizes = SizeEstimates(hints=c.size_hints)
         sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in c.graph})
+        working = {k: n for k, n in snap.get("working", {}).items() if k in c.graph}
         return plan_memory(
             c,
             self.budget,
@@ -395,6 +429,7 @@ class BudgetedRun:
             disk_bandwidth=self.disk_bandwidth or DEFAULT_DISK_BANDWIDTH,  # measured once a plan evicts
             decided=decided,
             strict=strict,
+            working=working,
         )
 
     def replan(self, decided: dict) -> frozenset:
@@ -408,18 +443,34 @@ class BudgetedRun:
         self.replans += 1
         self.too_big.update(plan.too_big)
         self._install(plan)
+        self._share_working(plan)
         return self._droppable(plan)
+
+    def _share_working(self, plan: MemoryPlan) -> None:
+        """Every worker admits a step by what any worker measured of it (not only its own)."""
+        learned = by_step(plan.working)
+        if self.working_name is None or not learned or learned == self.working_sent:
+            return  # nothing new measured: no round trip to the workers
+        from .workmeter import update_working_on_worker
+
+        self.working_sent = learned
+        try:
+            self.client.run(update_working_on_worker, name=self.working_name, learned=learned)
+        except Exception as exc:  # recorded: a worker went away, the others still got it
+            logger.debug("quiver: working memory not sent to every worker: %s", exc)
 
     def close(self) -> None:
         try:
             self.client.unsubscribe_topic(self.topic)
         except Exception as exc:  # recorded: a closed client has nothing to unsubscribe
             logger.debug("quiver: cannot unsubscribe from %s: %s", self.topic, exc)
-        if self.plugin_name is not None:
+        for name in (self.plugin_name, self.working_name):
+            if name is None:
+                continue
             try:
-                self.client.unregister_worker_plugin(self.plugin_name)
+                self.client.unregister_worker_plugin(name)
             except Exception as exc:  # recorded: workers may be gone, nothing to restore there
-                logger.debug("quiver: memory plugin not removed: %s", exc)
+                logger.debug("quiver: memory plugin %s not removed: %s", name, exc)
 
     def stats(self, snap: dict, compiled: Any) -> dict[str, Any]:
         after = spill_counters(self.client)
@@ -429,7 +480,12 @@ class BudgetedRun:
             "read_back_bytes": int(_delta(self.before, after, "read_bytes")),
             "recomputed_tasks": sum(n - 1 for n in executed.values() if n > 1),
             "memory_timeline": snap.get("timeline", []),
+            "worker_pauses": int(snap.get("pauses", 0)),
+            "paused_seconds": float(snap.get("paused_seconds", 0.0)),
         }
+        working = {k: n for k, n in snap.get("working", {}).items() if k in compiled.graph}
+        if self.working_name is not None:
+            out["working_memory"] = by_step(working)  # bytes per step: its worst measured instance
         if self.plan is not None:
             out.update(self.plan.summary())
             out["disk_bandwidth"] = self.disk_bandwidth

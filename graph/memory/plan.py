@@ -37,6 +37,7 @@ from ..state.order import run_order, run_targets  # the one run order (the execu
 from ..walk import postorder
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
+from .working import by_step, temporaries, working_of
 
 __all__ = [
     "Decision",
@@ -97,6 +98,8 @@ class MemoryPlan:
     estimated_keys: dict[str, int] = field(default_factory=dict)  # how many sizes came from each source
     too_big: list[str] = field(default_factory=list)  # steps over a worker's share (non-strict re-plans)
     thresholds: Thresholds = field(default_factory=Thresholds)  # Dask's, that the share was computed with
+    working: dict = field(default_factory=dict)  # measured working memory per key (graph.memory.working)
+    predicted_working_peak: int = 0  # results held plus the running task's temporaries, at the worst moment
 
     @property
     def evicts(self) -> bool:
@@ -112,9 +115,11 @@ class MemoryPlan:
 
     @property
     def predicted_peak(self) -> int:
-        """Predicted total process memory: every worker idle memory plus the results it holds at
-        its worst moment (each worker is modelled as holding up to its own share)."""
-        return (self.baseline + self.predicted_data_peak) * self.workers
+        """Predicted total process memory: every worker idle memory plus, at its worst moment, the
+        results it holds and the temporaries of the task it runs (measured working memory less
+        the result: :func:`graph.memory.working.temporaries`); each worker is modelled as
+        holding up to its own share."""
+        return (self.baseline + max(self.predicted_data_peak, self.predicted_working_peak)) * self.workers
 
     @property
     def fits(self) -> bool:
@@ -139,6 +144,7 @@ class MemoryPlan:
             "memory_budget_bytes": self.budget,
             "predicted_peak_bytes": self.predicted_peak,
             "predicted_data_peak_bytes": self.predicted_data_peak,
+            "predicted_working_peak_bytes": max(self.predicted_data_peak, self.predicted_working_peak),
             "predicted_spill_bytes": self.spill_bytes,
             "predicted_recomputed_tasks": self.recomputed,
             "planned_keep": self.count(KEEP),
@@ -154,7 +160,10 @@ class MemoryPlan:
             f"{format_bytes(self.baseline)})\n"
             f"  predicted peak {format_bytes(self.predicted_peak)} "
             f"({'fits' if self.fits else 'OVER BUDGET'}); results held per worker at most "
-            f"{format_bytes(self.predicted_data_peak)}\n"
+            f"{format_bytes(self.predicted_data_peak)}"
+            + (f", with the running step's temporaries {format_bytes(self.predicted_working_peak)}"
+               if self.predicted_working_peak > self.predicted_data_peak else "")
+            + "\n"
             f"  {self.count(KEEP)} kept, {self.count(SPILL)} spilled "
             f"({format_bytes(self.spill_bytes)} written, {format_bytes(self.read_bytes)} read back), "
             f"{self.count(RECOMPUTE)} recomputed; sizes: "
@@ -274,6 +283,7 @@ def plan_memory(
     decided: Mapping[tuple[int, int], str] | None = None,
     strict: bool = True,
     thresholds: Thresholds | None = None,
+    working: Mapping[Any, int] | None = None,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -285,6 +295,10 @@ def plan_memory(
 
     ``decided``: the chooses' decisions so far (a re-plan during a run).
     ``thresholds``: Dask's worker memory thresholds (default: ``dask.config``'s).
+    ``working``: measured working memory per key (what a task's worker rose by while it ran;
+    a step's other instances get its largest). A task's temporaries (working memory less its
+    result) count toward the peak while it runs, and the plan makes room for those that would
+    pass the gap between Dask's spill and pause lines, so the worker need not pause.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -299,8 +313,16 @@ def plan_memory(
     est = _estimates(compiled, sizes, default_size)
     sched = execution_order(compiled, decided)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
+    working = dict(working or {})
+    steps = by_step(working)
+    limit = worker_limits(budget, workers)
+    pause = thresholds.pause if thresholds.pause not in (False, None) else thresholds.results_fraction
+    walk.temps = {k: temporaries(working_of(k, working, steps), walk.size[k]) for k in walk.order} if working else {}
+    walk.headroom = max(int(limit * float(pause)) - int(limit * thresholds.results_fraction), 0)
     walk.run(lambda k, inputs, need: _step_fits(k, inputs, need, walk, est, strict, budget, workers, baseline))
-    return walk.plan(budget, workers, baseline, thresholds)
+    plan = walk.plan(budget, workers, baseline, thresholds)
+    plan.working = working
+    return plan
 
 
 def _room_for_results(budget: int, workers: int, baseline: int, thresholds: Thresholds) -> int:
@@ -382,7 +404,9 @@ class _Belady:
         self.on_disk: set[str] = set()
         self.action: dict[str, str] = {}
         self.evicted_at: dict[str, int] = {}
-        self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0}
+        self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0, "working": 0}
+        self.temps: dict[str, int] = {}  # key -> its temporaries while it runs (measured working memory)
+        self.headroom = 0  # bytes between Dask's spill and pause lines: temporaries up to it need no room
 
     def deps(self, key: str):
         task = self.compiled.graph.get(key) or self.compiled.metric_graph[key]
@@ -511,12 +535,14 @@ class _Belady:
                 if d not in self.resident:
                     self.make_room(size[d], set(inputs), t)
                     self.bring(d, t)
-            self.make_room(size[k], set(inputs), t)
+            temp = self.temps.get(k, 0)
+            self.make_room(size[k] + max(temp - self.headroom, 0), set(inputs), t)
             if k not in self.resident:
                 self.add(k, t)
             else:  # recomputed as an input earlier at this step: counted again, as before
                 self.tally["total"] += size[k]
                 self.tally["peak"] = max(self.tally["peak"], self.tally["total"])
+            self.tally["working"] = max(self.tally["working"], self.tally["total"] + temp)
             for d in inputs:  # read at t: ranked by their next use after t
                 if d in self.resident:
                     heapq.heappush(self.ranks, self.rank_entry(d, t))
@@ -548,6 +574,7 @@ class _Belady:
             estimated_keys=sources,
             too_big=self.too_big,
             thresholds=thresholds,
+            predicted_working_peak=self.tally["working"],
         )
 
 
@@ -611,10 +638,10 @@ def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str,
                      f"({format_bytes(plan.spill_bytes)} planned): " + _why_spilled(plan, worker_peak))
     if notes and (ratio > 1 + PEAK_TOLERANCE or unplanned > max(0.05 * spilled, 1 << 20)):
         notes.append(
-            "the difference is memory the plan does not model: the steps' temporaries while they run, "
-            "libraries a step loads that were not imported when idle memory was measured, and memory "
-            "freed but not yet returned to the OS. Give each step more room (a larger memory_budget or "
-            "fewer workers), or set size_hint on steps whose working memory is much larger than their result"
+            "the difference is memory the plan does not model: temporaries of steps before their first "
+            "instances were measured (stats['working_memory']), libraries a step loads that were not "
+            "imported when idle memory was measured, and memory freed but not yet returned to the OS. "
+            "Give each step more room (a larger memory_budget or fewer workers)"
         )
     elif notes:
         notes.append(

@@ -59,7 +59,8 @@ def read_all(reads: tuple[Read, ...], value: Any, step: str) -> dict:
             m, scalars = extract_metric(value, metric, where)
             out.append([mk, m, scalars, None, ""])
         except Exception as exc:  # recorded: the run fails this branch's read with it, as a read task would
-            out.append([mk, None, {}, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))])
+            trace = traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)  # from the read on, as a task's
+            out.append([mk, None, {}, f"{type(exc).__name__}: {exc}", "".join(trace)])
     return {"step": step, "reads": out}
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "dependents_of",
     "fuses_read",
     "params_token",
+    "reads_for_run",
     "scalar_entries",
 ]
 
@@ -370,6 +371,32 @@ def _fuse_reads(graph: dict, reads: dict[str, dict[str, tuple]]) -> dict[str, st
                           *task.args, **task.kwargs)
         fused.update({mk: key for mk in by_mk})
     return fused
+
+
+def reads_for_run(compiled: CompiledPipeline, *, store: Any = None) -> CompiledPipeline:
+    """``compiled`` as a run reads its metrics: fused where :func:`fuses_read` fused them,
+    except in a run with a result store, where every metric is read by a task of its own
+    (the steps unwrapped): the store keeps each metric under its own key, so a later run loads
+    the small metric rather than the step's value. The one place a run's read path is decided.
+
+    >>> from graph.spec import SourceSpec, ExploreSpec, ChooseSpec, Alternative, Call
+    >>> def load(): return 1
+    >>> def add(x, n): return {"x": x + n}
+    >>> src = SourceSpec("demo", Call(load, (), "load"))
+    >>> alts = tuple(Alternative("add", Call(add, (("n", n),), "add")) for n in (1, 2))
+    >>> c = compile_spec(ChooseSpec(ExploreSpec(src, "n", alts), "x", "x"))
+    >>> len(reads_for_run(c).fused), len(reads_for_run(c, store="results").fused)
+    (2, 0)
+    """
+    if store is None or not compiled.fused:
+        return compiled
+    import dataclasses
+
+    graph = dict(compiled.graph)
+    for key in set(compiled.fused.values()):
+        task = graph[key]
+        graph[key] = Task(key, task.func.fn, *task.args, **task.kwargs)
+    return dataclasses.replace(compiled, graph=graph, fused={})
 
 
 def params_token(params: Any) -> str:

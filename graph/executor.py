@@ -29,7 +29,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
 from .bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, within
-from .compiler import CompiledPipeline
+from .compiler import CompiledPipeline, reads_for_run
 from .dashboard import ensure_dashboard
 from .dashboard.protocol import ExplorationPublisher, TrainingWatch
 from .errors import RunError
@@ -553,7 +553,7 @@ class _Run:
         and the driver."""
         start = time.perf_counter()
         run_id = uuid.uuid4().hex[:12]
-        prepared = prepare(compiled, opts.store, run_id)
+        prepared = prepare(reads_for_run(compiled, store=opts.store), opts.store, run_id)
         compiled = prepared.compiled
         state = ExplorationState(compiled, on_metric_error=opts.on_metric_error)
         monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))

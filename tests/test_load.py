@@ -94,15 +94,16 @@ def test_load_benchmark_quick(tmp_path):
 
 
 def test_load_benchmark_trivial_mode(tmp_path):
-    """``--trivial``: n branches of one step returning {"m": i} and a choose, two tasks per branch
-    (plus the source), both methods on the same tasks, and the target's verdict from the numbers."""
+    """``--trivial``: n branches of one step returning {"m": i} and a choose, one task per branch
+    (plus the source: the step sends its metric itself), both methods on the same tasks, and the
+    target's verdict from the numbers."""
     out = tmp_path / "trivial.json"
     proc = run_load("--trivial", "30,60", "--repeats", "1", "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert [r["branches"] for r in data["rows"]] == [30, 60]
     for r in data["rows"]:
-        assert r["quiver_tasks"] == r["dask_tasks"] == 2 * r["branches"] + 1
+        assert r["quiver_tasks"] == r["dask_tasks"] == r["branches"] + 1
         assert r["quiver_ms_per_branch"] == pytest.approx(1000 * r["quiver_wall_s"] / r["branches"])
     assert data["met"] is False  # no 10,000-branch row: nothing to meet
     bad = run_load("--trivial", "ten", timeout=60)

@@ -223,3 +223,34 @@ def test_random_orders_of_metrics_and_completions_give_the_same_decisions(shape,
             assert not math.isnan(s.choose_tip[(ci, i)].metric)
     if how in ("before", "batch"):  # every message came with its step: no read task at all
         assert not any(n.startswith("metric-") for n in s.submitted)
+
+
+# ---- which reads the compiler fuses (graph.compiler.fuses_read, reads_for_run) ----------------------------------
+
+
+def counting(x, n):
+    for i in range(n):
+        yield {"x": x["x"] + i}
+
+
+def test_the_compiler_fuses_plain_steps_reads_only_and_keeps_every_read_task():
+    from graph.compiler import reads_for_run
+    from graph.fusedmetric import ReadsMetrics
+    from graph.plainvalues import PlainStep
+    from pipelines import halving
+
+    src = Pipeline("which").source(steps.source)
+    plain = src.explore("a", grid(steps.add, n=[1, 2]))
+    c = plain.choose("x").choose(lambda v: -v["x"]).compile()
+    assert len(c.fused) == 4 and set(c.fused) == set(c.metric_graph)  # every read keeps its task (the fallback)
+    for cp in c.chooses:
+        for b in cp.inputs:
+            fn = c.graph[b.key].func
+            assert isinstance(fn, ReadsMetrics) and len(fn.reads) == 2  # two chooses read one step: one task
+    iterative = src.explore("n", grid(counting, n=[2, 3])).choose("x").compile()
+    assert iterative.fused == {} and len(iterative.metric_graph) == 2  # it reports under its own wrapper
+    pruned = src.explore("n", grid(counting, n=[2, 3])).choose("x", prune=halving(2)).compile()
+    assert pruned.fused == {}
+    stored = reads_for_run(c, store="somewhere")
+    assert stored.fused == {} and all(isinstance(t.func, PlainStep) for t in stored.graph.values())
+    assert reads_for_run(c) is c

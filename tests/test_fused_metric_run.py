@@ -167,3 +167,23 @@ def test_a_worker_killed_after_its_step_sent_the_metric_leaves_the_result_unchan
     assert killed, "no worker was killed"
     _same_tables(clean.table, hit.table)
     assert clean.values == hit.values
+
+
+def test_a_step_already_on_the_cluster_sends_nothing_and_its_metric_is_read_by_task(client):
+    """The run submits a step whose result the cluster holds already (another holder's future):
+    Dask does not run it, so no message comes; the run reads that metric with its task."""
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    node = Pipeline("held").source(steps.source).explore("a", grid(steps.add, n=[1, 2, 3])).choose("x", k=1)
+    c = node.compile()
+    first = c.chooses[0].inputs[0].key
+    need = {k: c.graph[k] for k in c.chooses[0].inputs[0].lineage}
+    held = client.get(HighLevelGraph({"held": MaterializedLayer(need)}, {"held": set()}), [first], sync=False)
+    try:
+        assert client.gather(held)[0]["x"] == 1
+        result = execute(c, client, progress=False)
+    finally:
+        client.cancel(held)
+    assert result.values == [{"path": "source(0)>add(3)", "x": 3}]
+    assert list(result.table["x"]) == [1.0, 2.0, 3.0]
+    assert result.stats["metric_tasks"] == 1  # the held step's read; the others came with their steps

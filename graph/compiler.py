@@ -28,6 +28,7 @@ from dask.task_spec import Task, TaskRef
 
 from .collections import is_lazy_marked
 from .errors import PipelineError
+from .fusedmetric import ReadsMetrics
 from .iterative import is_iterative, iterative_task
 from .plainvalues import PlainStep
 from .keys import TokenizationError, metric_key, step_key
@@ -52,7 +53,9 @@ __all__ = [
     "CompiledPipeline",
     "compile_spec",
     "dependents_of",
+    "fuses_read",
     "params_token",
+    "reads_for_run",
     "scalar_entries",
 ]
 
@@ -111,7 +114,10 @@ class CompiledPipeline:
 
     ``graph`` maps each step key to its ``Task``; ``metric_graph`` holds the small
     tasks that read each choose metric off a branch's value; ``branches`` are the
-    output node's branches (one per table row), in declaration order.
+    output node's branches (one per table row), in declaration order.  ``fused`` maps
+    each metric key whose read runs inside its step's task (``graph.fusedmetric``) to
+    that step's key: its read task in ``metric_graph`` runs only if the step's message
+    never comes (:func:`fuses_read` decides which reads are fused).
     """
 
     graph: dict[str, Task]
@@ -130,6 +136,7 @@ class CompiledPipeline:
     packed: dict = field(default_factory=dict)
     claim_tables: list = field(default_factory=list)
     placement: dict = field(default_factory=dict)
+    fused: dict = field(default_factory=dict)
 
     @property
     def output_keys(self) -> list[str]:
@@ -176,6 +183,7 @@ class _Compiler:
         self._collections = None
         self._ptokens: dict[int, tuple[tuple, str]] = {}  # id(params) -> (params, token)
         self._plain: dict[tuple, PlainStep] = {}
+        self.reads: dict[str, dict[str, tuple]] = {}  # step key -> {metric key: (metric, where)}: fusable reads
 
     def _same_choice(self, a: tuple, b: tuple) -> bool:
         """Two ``(label, params)`` choices are the same alternative: same label, parameters
@@ -327,12 +335,68 @@ class _Compiler:
             mk = metric_key(spec.metric, b.key)
             if mk not in self.metric_graph:
                 self.metric_graph[mk] = Task(mk, extract_metric, TaskRef(b.key), shippable(spec.metric), where)
+                if b.lazy is None:  # a collection's metric is a Dask scalar: read by its own task
+                    self.reads.setdefault(b.key, {})[mk] = (shippable(spec.metric), where)
             mkeys.append(mk)
         self.chooses.append(ChoosePoint(index, spec, inputs, mkeys))
         return [
             Branch(b.choice_items, b.key, b.lineage, b.gates + ((index, i),), lazy=b.lazy)
             for i, b in enumerate(inputs)
         ]
+
+
+def fuses_read(task: Any) -> bool:
+    """Whether a choose's metric read of ``task``'s value runs inside ``task`` (one task per
+    branch; ``graph.fusedmetric``) rather than as a task of its own: the one rule for which
+    path a read takes.  Only a plain step's task (``graph.plainvalues.PlainStep``): an
+    iterative step reports and waits at rungs under its own wrapper (which the store and the
+    packing read), and a collection's value is partitions, its metric a Dask scalar.
+
+    >>> def f(x): return {"m": x}
+    >>> fuses_read(Task("a", PlainStep(f, "step", "f", source=False), 1)), fuses_read(Task("b", f, 1))
+    (True, False)
+    """
+    return isinstance(task, Task) and isinstance(task.func, PlainStep)
+
+
+def _fuse_reads(graph: dict, reads: dict[str, dict[str, tuple]]) -> dict[str, str]:
+    """Wrap each step whose reads :func:`fuses_read` allows in ``ReadsMetrics`` (in ``graph``);
+    returns ``{metric key: step key}`` of the fused reads."""
+    fused: dict[str, str] = {}
+    for key, by_mk in reads.items():
+        task = graph.get(key)
+        if task is None or not fuses_read(task):
+            continue
+        graph[key] = Task(key, ReadsMetrics(task.func, tuple((mk, m, w) for mk, (m, w) in by_mk.items())),
+                          *task.args, **task.kwargs)
+        fused.update({mk: key for mk in by_mk})
+    return fused
+
+
+def reads_for_run(compiled: CompiledPipeline, *, store: Any = None) -> CompiledPipeline:
+    """``compiled`` as a run reads its metrics: fused where :func:`fuses_read` fused them,
+    except in a run with a result store, where every metric is read by a task of its own
+    (the steps unwrapped): the store keeps each metric under its own key, so a later run loads
+    the small metric rather than the step's value. The one place a run's read path is decided.
+
+    >>> from graph.spec import SourceSpec, ExploreSpec, ChooseSpec, Alternative, Call
+    >>> def load(): return 1
+    >>> def add(x, n): return {"x": x + n}
+    >>> src = SourceSpec("demo", Call(load, (), "load"))
+    >>> alts = tuple(Alternative("add", Call(add, (("n", n),), "add")) for n in (1, 2))
+    >>> c = compile_spec(ChooseSpec(ExploreSpec(src, "n", alts), "x", "x"))
+    >>> len(reads_for_run(c).fused), len(reads_for_run(c, store="results").fused)
+    (2, 0)
+    """
+    if store is None or not compiled.fused:
+        return compiled
+    import dataclasses
+
+    graph = dict(compiled.graph)
+    for key in set(compiled.fused.values()):
+        task = graph[key]
+        graph[key] = Task(key, task.func.fn, *task.args, **task.kwargs)
+    return dataclasses.replace(compiled, graph=graph, fused={})
 
 
 def params_token(params: Any) -> str:
@@ -381,6 +445,7 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
         branches = [c.collections.with_value(b, hold=True) for b in branches]
     if c._collections is not None:  # a partition's single-reader tasks fuse into their reader
         branches = c.collections.fuse(c.metric_graph, branches, c.chooses)
+    fused = _fuse_reads(c.graph, c.reads)  # after the collections' fusing: it replaces tasks
     dependents = dependents_of(c.graph)
     return CompiledPipeline(
         graph=c.graph,
@@ -392,4 +457,5 @@ def compile_spec(spec: Spec) -> CompiledPipeline:
         dependents=dependents,
         size_hints=c.size_hints,
         step_of={} if c._collections is None else c._collections.step_of,
+        fused=fused,
     )

@@ -29,7 +29,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
 from .bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, within
-from .compiler import CompiledPipeline
+from .compiler import CompiledPipeline, reads_for_run
 from .dashboard import ensure_dashboard
 from .dashboard.protocol import ExplorationPublisher, TrainingWatch
 from .errors import RunError
@@ -49,6 +49,7 @@ from .state import (
     Gather,
     MemoryPlanned,
     MetricRead,
+    MetricSent,
     Release,
     Report,
     Start,
@@ -180,6 +181,7 @@ class ExplorationDriver:
         self.first_result: float | None = None  # seconds from the first submission to the first result
         self.first_rung: float | None = None  # seconds from the first submission to the first rung answer
         self.channel: Any = None  # graph.iterative.ReportChannel, when the run has iterative steps
+        self.metrics: Any = None  # graph.fusedmetric.MetricListener, when the run has fused metric reads
         self.finished = False  # the machine said Finished
         self.counts: tuple[int, int] = (0, 0)  # (tasks done, reports taken): read by the watchdog
         self._abort_reason: str | None = None
@@ -203,6 +205,27 @@ class ExplorationDriver:
     def close_reports(self, timeout: float = CLEANUP_SECONDS) -> None:
         if self.channel is not None:
             self.channel.close(timeout)
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def open_metrics(self) -> None:
+        """Listen to the metrics steps send themselves (reads fused into their tasks,
+        ``graph.fusedmetric``): each becomes a :class:`MetricSent` event, in the same queue hand-off
+        as the tasks' outcomes (a step's message arrives ahead of its own completion).  Closed
+        with :meth:`close_reports`."""
+        fused = self.state.c.fused
+        if fused and self.metrics is None:
+            from .fusedmetric import MetricListener
+
+            inbox = self._inbox
+
+            def on_message(msg: dict) -> None:  # on the client's event loop
+                step = msg["step"]
+                for mk, metric, scalars, error, trace in msg["reads"]:
+                    if mk in fused:
+                        inbox.add(MetricSent(mk, step, metric, scalars or {}, error, trace or ""))
+
+            self.metrics = MetricListener(self.client, on_message)
 
     def _on_report(self, key: str, iteration: int, report: dict) -> None:
         self.events.put(Report(key, iteration, report))  # on the client's event loop: queue it only
@@ -324,7 +347,7 @@ class ExplorationDriver:
             self._read_metrics((), [])
             return None
         if not isinstance(item, _Outcome):
-            return item  # Abort, Report, MetricRead
+            return item  # Abort, Report, MetricRead, MetricSent
         if item.key not in self.futures:
             return None  # released or cancelled by the run meanwhile
         if item.status == "finished":
@@ -530,7 +553,7 @@ class _Run:
         and the driver."""
         start = time.perf_counter()
         run_id = uuid.uuid4().hex[:12]
-        prepared = prepare(compiled, opts.store, run_id)
+        prepared = prepare(reads_for_run(compiled, store=opts.store), opts.store, run_id)
         compiled = prepared.compiled
         state = ExplorationState(compiled, on_metric_error=opts.on_metric_error)
         monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
@@ -564,6 +587,7 @@ class _Run:
                                    what="reading the workers' spill counters")
         driver.budget = self.budgeted
         driver.open_reports()  # before anything is submitted: no report is missed
+        driver.open_metrics()  # so too the metrics steps send
         if on_driver is not None:
             self.watcher = on_driver(driver)
 

@@ -56,7 +56,7 @@ def test_2000_branches_run_every_unique_task_once(client):
     s = result.stats
     assert s["branches"] == A * B and s["failed_branches"] == 0
     assert s["executed_tasks"] == s["unique_tasks"] == 1 + A + A * B
-    assert s["metric_tasks"] == A * B
+    assert s["metric_tasks"] == 0  # each metric is sent by its step's task (graph/fusedmetric.py)
     expected = sorted(((1 + a) * b for a in range(A) for b in range(B)), reverse=True)[:3]
     assert [v["x"] for v in result.value] == expected
     assert result.table["chosen"].sum() == 3 and (result.table["status"] == "ok").all()
@@ -79,7 +79,7 @@ def test_load_benchmark_quick(tmp_path):
     for r in rows:
         a = r["branches"] // 40
         # plain Dask ran exactly the tasks Quiver ran before its choose; Quiver adds the 3 kept finals
-        assert r["dask_tasks"] == 1 + a + 2 * r["branches"]  # source, "a" steps, "b" steps, metrics
+        assert r["dask_tasks"] == 1 + a + r["branches"]  # source, "a" steps, "b" steps (sending their metrics)
         assert r["quiver_tasks"] == r["dask_tasks"] + 3
         for method in ("quiver", "dask"):
             (run,) = r["raw"][method]
@@ -94,15 +94,16 @@ def test_load_benchmark_quick(tmp_path):
 
 
 def test_load_benchmark_trivial_mode(tmp_path):
-    """``--trivial``: n branches of one step returning {"m": i} and a choose, two tasks per branch
-    (plus the source), both methods on the same tasks, and the target's verdict from the numbers."""
+    """``--trivial``: n branches of one step returning {"m": i} and a choose, one task per branch
+    (plus the source: the step sends its metric itself), both methods on the same tasks, and the
+    target's verdict from the numbers."""
     out = tmp_path / "trivial.json"
     proc = run_load("--trivial", "30,60", "--repeats", "1", "--output", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert [r["branches"] for r in data["rows"]] == [30, 60]
     for r in data["rows"]:
-        assert r["quiver_tasks"] == r["dask_tasks"] == 2 * r["branches"] + 1
+        assert r["quiver_tasks"] == r["dask_tasks"] == r["branches"] + 1
         assert r["quiver_ms_per_branch"] == pytest.approx(1000 * r["quiver_wall_s"] / r["branches"])
     assert data["met"] is False  # no 10,000-branch row: nothing to meet
     bad = run_load("--trivial", "ten", timeout=60)

@@ -3,6 +3,7 @@ literal instructions out, and hypothesis over random event orders (docs/architec
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -48,9 +49,12 @@ def only(instructions, kind):
 
 @pytest.fixture
 def simple():
-    """source -> add n=1,2 -> choose max x (one of two) -> mul: 2 choose inputs, 2 outputs."""
+    """source -> add n=1,2 -> choose max x (one of two) -> mul: 2 choose inputs, 2 outputs.
+    Its metrics are read by tasks of their own (the path of a collection's metric, and of a
+    step whose fused read's message does not come); tests/test_state_fused.py drives the
+    fused reads, one task per branch."""
     node = Pipeline("s").source(steps.source).explore("a", grid(steps.add, n=[1, 2])).choose("x").then(steps.mul, n=3)
-    return node.compile()
+    return dataclasses.replace(node.compile(), fused={})
 
 
 def test_a_run_from_start_to_finish_as_literal_events_and_instructions(simple):
@@ -251,12 +255,12 @@ def test_the_executor_priorities_and_the_memory_plan_order_come_from_one_order()
     pos = {k: i for i, k in enumerate(sched.order)}
     seen = [pos[t.key] for t in order if t.key in pos]
     assert seen == sorted(seen)
-    # and the state machine submits with exactly these priorities
+    # and the state machine submits with exactly these priorities (a fused read: its step's)
     s = ExplorationState(c)
     submit = s.handle(Start())[0]
     for t in targets:
         if t.stage == 0:
-            assert submit.priority[t.key] == priority(t, n)
+            assert submit.priority[c.fused.get(t.key, t.key)] == priority(t, n)
 
 
 # ---- random event orders ---------------------------------------------------------------------------------------

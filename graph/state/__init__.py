@@ -40,6 +40,7 @@ __all__ = [
     "METRIC_ERROR_MODES",
     "MemoryPlanned",
     "MetricRead",
+    "MetricSent",
     "Release",
     "Report",
     "Start",

@@ -23,6 +23,7 @@ __all__ = [
     "Abort",
     "MemoryPlanned",
     "MetricRead",
+    "MetricSent",
     "Report",
     "Start",
     "TaskCancelled",
@@ -83,6 +84,21 @@ class MetricRead:
     name: str
     metric: float
     scalars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricSent:
+    """The step running under ``step`` sent the metric ``name`` while it ran (a read fused into
+    the step's task: ``graph.fusedmetric``), before or after its :class:`TaskFinished` comes.
+    ``error`` (``"Type: message"``) when the step's value gave no metric; ``metric`` is then
+    ``None``. The first one for ``name`` counts: a step computed again sends it again."""
+
+    name: str
+    step: str
+    metric: float | None
+    scalars: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    traceback: str = ""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from .events import (
     Gather,
     MemoryPlanned,
     MetricRead,
+    MetricSent,
     Release,
     Report,
     Start,
@@ -173,6 +174,13 @@ class ExplorationState:
         self.errored: set[str] = set()
         self.errors: dict[str, tuple[str, str]] = {}
         self.metric_values: dict[str, tuple[float, dict]] = {}
+        # reads fused into their step's task (graph.fusedmetric; the compiler's choice): metric key ->
+        # step key while the step's message is awaited; a read whose message cannot come leaves it
+        self.fused: dict[str, str] = dict(getattr(compiled, "fused", None) or {})
+        self.fused_of: dict[str, list[str]] = defaultdict(list)  # step key -> its fused metric keys
+        for mk, step in self.fused.items():
+            self.fused_of[step].append(mk)
+        self.metric_errors: dict[str, tuple[str, str]] = {}  # metric key -> a fused read's (error, traceback)
         self.droppable: frozenset = frozenset()
         self.recomputes = 0
         self.lost = 0  # results lost with their worker before their outcome was taken (TaskLost)
@@ -215,6 +223,7 @@ class ExplorationState:
         self._first: _Tip | None = None
         self._check: list[_Tip] = []
         self._gather: list[str] = []
+        self._reread: list[str] = []  # fused metric keys to read with their task after all
         self._dirty_outputs: set[int] = set()
         self._published: dict[int, tuple] = {}
         self._out: list = []
@@ -252,6 +261,8 @@ class ExplorationState:
             self._finished(ev.name)
         elif isinstance(ev, MetricRead):
             self._metric(ev.name, ev.metric, dict(ev.scalars))
+        elif isinstance(ev, MetricSent):
+            self._sent(ev)
         elif isinstance(ev, TaskFailed):
             self._failed(ev.name, ev.error, ev.traceback)
         elif isinstance(ev, TaskCancelled):
@@ -294,6 +305,9 @@ class ExplorationState:
         self.stopping.discard(key)  # a stopped step returned (graph.state.halving.Pruned): released below
         self._candidates.add(key)
         self._candidates.update(self._task(key).dependencies)
+        for mk in self.fused_of.get(key, ()):
+            if mk in self.fused:
+                self._fused_ready(mk)
         if key in self.c.metric_graph:
             if key in self.metric_values:
                 self._resolve_metric(key)
@@ -317,6 +331,61 @@ class ExplorationState:
         key = self.alias.get(name, name)
         self.metric_values[key] = (float(metric), scalars)
         self._resolve_metric(key)
+
+    def _sent(self, ev: MetricSent) -> None:
+        """A step's own task sent a metric (a fused read): the first message for a metric key
+        counts (a step computed again, after its worker died, sends it again); the choose input
+        resolves once the step's result is in too (:meth:`_fused_ready`)."""
+        mk = ev.name
+        if ev.step not in self.submitted:
+            return  # not an execution this run started
+        if mk in self.metric_values or mk in self.metric_errors or mk in self.errored:
+            return
+        if ev.error is None:
+            self.metric_values[mk] = (float(ev.metric), dict(ev.scalars))
+        else:
+            self.metric_errors[mk] = (ev.error, ev.traceback)
+        if mk in self.fused:
+            self._fused_ready(mk)
+        elif ev.error is None:  # its read task was submitted after all: the first answer counts
+            self._resolve_metric(mk)
+
+    def _fused_ready(self, mk: str) -> None:
+        """A fused read whose step finished: the choose input resolves with the metric the
+        step sent, or fails with the error it sent (as the read task would have); a step that
+        finished without sending it (its result was there already, or loaded from a store) has
+        its metric read by the read task after all."""
+        if self.fused[mk] not in self.finished:
+            return
+        if mk in self.metric_values:
+            self._resolve_metric(mk)
+        elif mk in self.metric_errors:
+            self.errored.add(mk)
+            self.errors[mk] = self.metric_errors[mk]
+            for tip in self.by_key.get(mk, ()):
+                if tip.state == SUBMITTED and not tip.dead:
+                    self._fail(tip, mk)
+        else:
+            self._reread.append(mk)  # decided once the batch's events are in (:meth:`_submit_reads`)
+
+    def _submit_reads(self) -> None:
+        """Submit the read tasks of fused reads whose step finished and whose message did not
+        come with it (in the same batch of events): from now on they are read as unfused ones."""
+        mks, self._reread = self._reread, []
+        tasks: dict[str, Any] = {}
+        prio: dict[str, int] = {}
+        for mk in mks:
+            if mk not in self.fused or mk in self.metric_values or mk in self.metric_errors:
+                continue
+            tips = [t for t in self.by_target.get(mk, ()) if t.state == SUBMITTED and not t.dead]
+            if tips:
+                del self.fused[mk]
+            for tip in tips:
+                self._needs(tip, tasks, prio)
+        if tasks:
+            self.held.update(tasks)
+            self.submitted.update(tasks)
+            self._out.append(Submit(tasks, prio))
 
     def _resolve_metric(self, key: str) -> None:
         for tip in self.by_target.get(key, ()):
@@ -556,6 +625,8 @@ class ExplorationState:
                 self._check_new(self._check.pop())
         if self.aborted is not None:
             return
+        if self._reread:
+            self._submit_reads()
         if self._gather:
             self._out.append(Gather(tuple(self._gather)))
             self._gather = []
@@ -636,7 +707,7 @@ class ExplorationState:
         p = self.priority[tip.t.id]
         need: list[str] = []
         seen: set[str] = set()
-        stack = [tip.t.key]
+        stack = [self.fused.get(tip.t.key, tip.t.key)]  # a fused read: its step (the read is in it)
         while stack:
             k = stack.pop()
             if k in seen:
@@ -676,7 +747,9 @@ class ExplorationState:
                 self._fail(tip, k)
                 return
         key = tip.t.key
-        if key in self.finished:
+        if key in self.fused:  # the step's result (and message) may be in already
+            self._fused_ready(key)
+        elif key in self.finished:
             if tip.t.kind == "choose":
                 if key in self.metric_values:
                     tip.metric, tip.scalars = self.metric_values[key]

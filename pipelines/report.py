@@ -309,7 +309,7 @@ def _worker_memory_figure(result):
     if not series or not series[0]["t"]:
         return None
     shown = series[:MAX_MEMORY_PANELS]
-    fig = Figure(figsize=(9, 1.0 + 2.3 * len(shown)))
+    fig = Figure(figsize=(10.5, 1.0 + 2.3 * len(shown)))
     axes = fig.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0]
     mib = 2**20
     for ax, w in zip(axes, shown):
@@ -325,10 +325,11 @@ def _worker_memory_figure(result):
             v = lines[name]
             if v:
                 ax.axhline(v / mib, color=C[name], linestyle=style, linewidth=1.2, label=f"{label} {v / mib:.0f} MiB")
+        ax.set_ylim(0, w["y_max"] / mib)  # the limit in view once memory nears it (graph.memory.timeline)
         ax.set_title(f"worker {w['name']}", fontsize=9)
         ax.set_ylabel("MiB")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: it hides nothing
     axes[-1].set_xlabel("seconds since the run started")
     more = len(series) - len(shown)
     fig.suptitle("Memory per worker" + (f" ({more} more worker(s) not drawn)" if more > 0 else ""), fontsize=11)

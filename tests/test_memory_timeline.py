@@ -86,6 +86,18 @@ def test_a_long_run_stays_bounded_and_keeps_its_spike():
     assert drawn[0]["predicted"] == [600 * MIB] and math.isnan(drawn[1]["managed"][0])
 
 
+def test_the_limit_comes_into_view_as_memory_nears_it():
+    def top(managed_mib, limit_mib, predicted=None):
+        d = {"t": [0.0], "pause": 0.8, "workers": {"w": {"limit": limit_mib * MIB, "managed": [managed_mib * MIB],
+                                                          "unmanaged": [0], "spilled": [0]}}}
+        return worker_series(d, predicted)[0]["y_max"] / MIB
+
+    assert top(100, 12_000) == pytest.approx(105)  # far from the limit: zoomed on the data
+    assert top(100, 12_000, predicted=200 * MIB) == pytest.approx(210)  # the plan's line stays in view
+    assert top(200, 640) == pytest.approx(640 * 1.05)  # a quarter of the way: the limit and pause line shown
+    assert top(700, 640) == pytest.approx(735)  # past the limit (a reading between pauses): the data
+
+
 def test_bad_limits_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="at least 8"):
         MemoryTimeline(limit=2)

@@ -26,6 +26,7 @@ from bokeh.models import (
     Div,
     HoverTool,
     NumberFormatter,
+    Range1d,
     Select,
     Span,
     TableColumn,
@@ -256,7 +257,7 @@ class MemoryPanel:
 
     def _figure(self):
         fig = figure(height=220, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
-                     toolbar_location="above", title="Memory")
+                     toolbar_location="above", title="Memory", y_range=Range1d(0, 1))
         src = ColumnDataSource({k: [] for k in ("t", "zero", "managed", "top", "spilled")})
         fig.varea(x="t", y1="zero", y2="managed", source=src, fill_color=MEMORY_COLORS["managed"], fill_alpha=0.8,
                   legend_label="managed")
@@ -307,11 +308,13 @@ class MemoryPanel:
                 span.visible = lines[name] is not None
                 if lines[name] is not None:
                     span.location = lines[name] / MIB
+            fig.y_range.start, fig.y_range.end = 0, w["y_max"] / MIB  # the limit in view once memory nears it
             parts = [f"worker {w['name']}"]
+            shown_at = lambda v, how: how if v <= w["y_max"] else "far above: not near"  # noqa: E731
             if w["limit"]:
-                parts.append(f"limit {w['limit'] / MIB:.0f} MiB (solid)")
+                parts.append(f"limit {w['limit'] / MIB:.0f} MiB ({shown_at(w['limit'], 'solid')})")
             if w["pause"]:
-                parts.append(f"Dask pauses at {w['pause'] / MIB:.0f} MiB (dashed)")
+                parts.append(f"Dask pauses at {w['pause'] / MIB:.0f} MiB ({shown_at(w['pause'], 'dashed')})")
             if w["predicted"]:
                 parts.append(f"plan's predicted peak {w['predicted'][0] / MIB:.0f} MiB (dot-dash)")
             fig.title.text = "Memory: " + "; ".join(parts)
@@ -350,7 +353,7 @@ class ExplorationPage(_RunPage):
                                sortable=True, sizing_mode="stretch_width", height=360, index_position=None)
         self.memory = MemoryPanel()
         self.root = column(row(self.select, sizing_mode="stretch_width"), self.header, self.legend, self.fig,
-                           self.table, self.memory.root, sizing_mode="stretch_width")
+                           self.memory.root, self.table, sizing_mode="stretch_width")
 
     def update(self, force: bool = False) -> None:
         plugin = self.refresh_runs()

@@ -29,7 +29,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "worker_series"]
+__all__ = ["IN_VIEW", "MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "worker_series"]
 
 #: at most this many samples per run (thinned evenly past it)
 MAX_SAMPLES = 2000
@@ -151,6 +151,23 @@ def _fraction(f: Any, limit: Any) -> float | None:
     return float(f) * float(limit)
 
 
+#: a worker's limit and pause line are drawn in view once its memory reaches this share of its
+#: limit; below it the chart zooms on the data (a 12 GiB limit would flatten 100 MiB to a line)
+IN_VIEW = 0.25
+
+
+def _y_max(row: dict) -> float:
+    """The top of a worker's chart: its memory (and the plan's line) with 5% room, and its limit
+    and pause line once its memory reaches ``IN_VIEW`` of the limit."""
+    values = [m + u for m, u in zip(row["managed"], row["unmanaged"]) if m == m and u == u]
+    values += [v for v in row["spilled"] if v == v] + row["predicted"]
+    high = max(values, default=0.0)
+    lines = [v for v in (row["limit"], row["pause"]) if v]
+    if lines and high >= IN_VIEW * max(lines):
+        high = max([high] + lines)
+    return max(high, 1.0) * 1.05
+
+
 def worker_series(data: Any, predicted_peak: int | None = None) -> list[dict[str, Any]]:
     """What a memory chart draws, one entry per worker (sorted by name): ``t``, ``managed``,
     ``unmanaged`` (stacked on managed), ``spilled`` (bytes; ``NaN`` in gaps), the worker's
@@ -161,6 +178,8 @@ def worker_series(data: Any, predicted_peak: int | None = None) -> list[dict[str
     ...     "unmanaged": [2, None], "spilled": [0, None]}}})
     >>> s[0]["name"], s[0]["managed"][0], math.isnan(s[0]["managed"][1]), s[0]["pause"], s[0]["predicted"]
     ('w', 1.0, True, 80.0, [])
+    >>> round(s[0]["y_max"], 2)  # 3 of 100: zoomed on the data
+    3.15
     """
     if not isinstance(data, Mapping) or not isinstance(data.get("t"), (list, tuple)):
         return []
@@ -182,5 +201,6 @@ def worker_series(data: Any, predicted_peak: int | None = None) -> list[dict[str
             row["pause"] = _fraction(data.get("pause"), limit)
             row["spill"] = _fraction(data.get("spill"), limit)
             row["predicted"] = [float(predicted_peak)] if isinstance(predicted_peak, numbers.Real) else []
+            row["y_max"] = _y_max(row)
             out.append(row)
     return out

@@ -169,3 +169,14 @@ def test_the_reports_chart_draws_each_worker_with_its_limits_and_the_plan():
     assert labels == ["spilled", "limit 640 MiB", "Dask pauses 512 MiB", "plan's predicted peak 500 MiB"]
     result.stats["worker_memory"] = None  # a run without samples: no chart
     assert _worker_memory_figure(result) is None
+
+
+@pytest.mark.slow
+def test_a_budgeted_runs_samples_carry_the_plans_prediction_per_worker():
+    result = three_blocks(name="budgeted-timeline").run(progress=False, quiet=True, workers=2, memory_budget="1.5 GiB")
+    plan, memory = result.memory_plan, result.stats["worker_memory"]
+    assert memory["predicted_worker_peak"] == plan.predicted_peak // plan.workers > 0
+    workers = memory["timeline"]["workers"]
+    assert len(workers) == 2 and {w["limit"] for w in workers.values()} == {plan.worker_memory_limit}
+    managed = [sum(w["managed"][i] or 0 for w in workers.values()) for i in range(len(memory["timeline"]["t"]))]
+    assert max(managed) - managed[0] >= 3 * 50 * MIB

@@ -310,7 +310,7 @@ class MemoryPanel:
                     span.location = lines[name] / MIB
             fig.y_range.start, fig.y_range.end = 0, w["y_max"] / MIB  # the limit in view once memory nears it
             parts = [f"worker {w['name']}"]
-            shown_at = lambda v, how: how if v <= w["y_max"] else "far above: not near"  # noqa: E731
+            shown_at = lambda v, how: how if v <= w["y_max"] else "above the chart"  # noqa: E731
             if w["limit"]:
                 parts.append(f"limit {w['limit'] / MIB:.0f} MiB ({shown_at(w['limit'], 'solid')})")
             if w["pause"]:

@@ -86,6 +86,26 @@ def test_a_long_run_stays_bounded_and_keeps_its_spike():
     assert drawn[0]["predicted"] == [600 * MIB] and math.isnan(drawn[1]["managed"][0])
 
 
+def test_a_large_cluster_gets_fewer_samples_not_more_memory():
+    t = MemoryTimeline(limit=2000, max_readings=50_000)
+    readings = {f"tcp://w{i}": (i, 1, 0, 100) for i in range(100)}
+    for s in range(3000):
+        t.add(float(s), readings)
+    d = t.data()
+    assert len(d["t"]) * 100 <= 50_000 and d["t"][0] == 0.0 and d["t"][-1] == 2999.0
+
+
+def test_the_plugin_keeps_the_samples_of_its_newest_runs_only():
+    from graph.dashboard.protocol import MAX_MEMORY_RUNS
+
+    plugin = QuiverDashboard()
+    for n in range(MAX_MEMORY_RUNS + 2):
+        plugin.log_event("quiver-exploration", {"kind": "start", "run": f"r{n}", "branches": []})
+        plugin.runs[f"r{n}"]["memory"].add(0.0, {"w": (1, 2, 3, 4)})  # no scheduler here: a sample by hand
+    kept = [r for r, run in plugin.runs.items() if plugin.memory_view(run)["timeline"]["t"]]
+    assert kept == [f"r{n}" for n in range(2, MAX_MEMORY_RUNS + 2)]
+
+
 def test_the_limit_comes_into_view_as_memory_nears_it():
     def top(managed_mib, limit_mib, predicted=None):
         d = {"t": [0.0], "pause": 0.8, "workers": {"w": {"limit": limit_mib * MIB, "managed": [managed_mib * MIB],

@@ -57,6 +57,7 @@ from .protocol import (
     EXPLORATION_PAGE,
     EXPLORATION_TOPIC,
     JSON_PATH,
+    MAX_MEMORY_RUNS,
     MAX_RUNS,
     MAX_TRAININGS,
     PLUGIN_NAME,
@@ -143,6 +144,7 @@ class QuiverDashboard(SchedulerPlugin):
     def sample_memory(self, only: dict | None = None) -> None:
         """One memory sample of every worker, into each run in progress (``only``: that run)."""
         runs = [only] if only is not None else [r for r in self.runs.values() if r["state"] == "running"]
+        runs = [r for r in runs if r["memory"] is not None]
         if self.scheduler is None or not runs:
             return
         readings = worker_readings(self.scheduler)
@@ -153,10 +155,11 @@ class QuiverDashboard(SchedulerPlugin):
     def memory_view(self, run: dict) -> dict:
         """``{"timeline": MemoryTimeline.data(), "predicted_worker_peak": bytes or None}``: the
         plan's prediction per worker, from the run's ``plan`` message or its final statistics."""
-        data = run["memory"].data()
+        timeline = run["memory"] if run["memory"] is not None else MemoryTimeline()  # older runs': let go
+        data = timeline.data()
         plan = run.get("plan") or {}
         stats = run.get("stats") or {}
-        predicted = plan.get("predicted_peak_bytes", stats.get("predicted_peak_bytes"))
+        predicted = plan.get("predicted_peak_bytes") or stats.get("predicted_peak_bytes")
         workers = plan.get("workers") or len(data["workers"])
         return {"timeline": data, "predicted_worker_peak": predicted_worker_peak(predicted, workers)}
 
@@ -221,6 +224,8 @@ class QuiverDashboard(SchedulerPlugin):
             }
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
+            for old in list(self.runs.values())[:-MAX_MEMORY_RUNS]:  # older runs: their samples go
+                old["memory"] = None
             self.sample_memory(only=self.runs[run_id])  # the first sample: before anything ran
         elif kind == "plan":  # a memory plan for the run: its predicted peak (and the workers it splits over)
             run = self.runs.get(run_id)
@@ -484,7 +489,8 @@ def _memory_of_new_run(dask_scheduler, before: list[str]) -> dict | None:
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if plugin is None:
         return None
-    new = [r for r in plugin.runs.values() if r["run"] not in set(before)]
+    known = set(before)
+    new = [r for r in plugin.runs.values() if r["run"] not in known]
     return jsonable(plugin.memory_view(new[-1])) if new else None
 
 

@@ -29,12 +29,15 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["IN_VIEW", "MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "worker_series"]
+__all__ = ["IN_VIEW", "MAX_READINGS", "MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "worker_series"]
 
 #: at most this many samples per run (thinned evenly past it)
 MAX_SAMPLES = 2000
 #: how often the dashboard's plugin samples the workers while a run is in progress
 SAMPLE_SECONDS = 0.5
+#: at most this many readings (samples x workers) per run: a large cluster gets fewer samples,
+#: so a scheduler keeps a few MiB per run whatever its size (2,000 samples up to 25 workers)
+MAX_READINGS = 50_000
 
 _FIELDS = ("managed", "unmanaged", "spilled")
 
@@ -74,16 +77,19 @@ class MemoryTimeline:
     """One run's samples: seconds since its first sample, and per worker managed / unmanaged /
     spilled bytes (``None`` where a worker was not there) and its memory limit.
 
-    Evenly thinned as it grows: past ``limit`` samples the recorded ones are halved
+    Evenly thinned as it grows: past ``limit`` samples (fewer on a cluster of more than
+    ``max_readings / limit`` workers) the recorded ones are halved
     (:func:`thin_indices`) and from then on one sample in two is recorded (the larger of the
     two: a peak between recorded samples is not lost), and so on; the latest sample is always in
     :meth:`data`. ``pause``/``spill``: Dask's thresholds as fractions of each worker's limit
     (``None``: off), drawn as lines (:func:`graph.memory.limits.dask_thresholds` gives them)."""
 
-    def __init__(self, limit: int = MAX_SAMPLES, pause: float | None = None, spill: float | None = None):
+    def __init__(self, limit: int = MAX_SAMPLES, pause: float | None = None, spill: float | None = None,
+                 max_readings: int = MAX_READINGS):
         if not isinstance(limit, int) or limit < 8:
             raise ValueError(f"MemoryTimeline: limit={limit!r}; give an int of at least 8 samples")
         self.limit = limit
+        self.max_readings = max_readings
         self.pause, self.spill = pause, spill
         self.rows: list[tuple[float, int, dict]] = []  # (seconds, largest process memory of a worker, readings)
         self.stride = 1  # record one sample in ``stride`` (the window's largest)
@@ -91,9 +97,6 @@ class MemoryTimeline:
         self._seen = 0
         self._latest: tuple | None = None
         self._t0: float | None = None
-
-    def __len__(self) -> int:
-        return len(self.data()["t"])
 
     def add(self, now: float, readings: Mapping[str, Sequence[int]]) -> None:
         """One sample at ``now`` (seconds, any clock): ``{worker: (managed, unmanaged, spilled, memory_limit)}``."""
@@ -108,8 +111,9 @@ class MemoryTimeline:
             return
         self.rows.append(self._window)
         self._window, self._seen = None, 0
-        if len(self.rows) >= self.limit - 2:  # room left for the unfinished window's largest and the latest
-            keep = thin_indices([r[1] for r in self.rows], max(3, (self.limit - 2) // 2))
+        limit = max(8, min(self.limit, self.max_readings // max(1, len(readings))))  # samples x workers bounded too
+        if len(self.rows) >= limit - 2:  # room left for the unfinished window's largest and the latest
+            keep = thin_indices([r[1] for r in self.rows], max(3, (limit - 2) // 2))
             self.rows = [self.rows[i] for i in keep]
             self.stride *= 2
 

@@ -9,8 +9,11 @@
   z, samples/s, replica spread.  When the run trained but no kept output has a ``history``,
   no figure is drawn and the report says why (``notes``); every run's curves, kept or not,
   are on the dashboard's training page while the scheduler lives;
-* ``memory.png``: measured memory over time against the memory plan, when the run recorded
-  ``result.stats["memory_timeline"]``;
+* ``memory.png``: memory over time per worker, when the run recorded
+  ``result.stats["worker_memory"]`` (the dashboard's samples: managed and unmanaged stacked,
+  spilled as a line, the worker's limit, Dask's pause line and the memory plan's predicted
+  peak per worker; the exploration page's Memory panel, static); for an older result with only
+  ``result.stats["memory_timeline"]``, the measured total against the plan;
 * ``report.html``: all of the above inlined (base64), the statistics and the branch table,
   the chosen rows highlighted. It needs no other file.
 
@@ -287,6 +290,53 @@ def _memory_figure(result):
     return fig
 
 
+MAX_MEMORY_PANELS = 8  # workers drawn, one panel each (the title says how many more)
+
+
+def _worker_memory_figure(result):
+    """The exploration page's Memory panel, static: one panel per worker (``None`` without samples)."""
+    from matplotlib.figure import Figure
+
+    from graph.memory.timeline import MEMORY_COLORS as C, predicted_worker_peak, worker_series
+
+    memory = result.stats.get("worker_memory")
+    if not isinstance(memory, Mapping):
+        return None
+    plan = getattr(result, "memory_plan", None)
+    predicted = (predicted_worker_peak(plan.predicted_peak, plan.workers) if plan is not None
+                 else memory.get("predicted_worker_peak"))
+    series = worker_series(memory.get("timeline"), predicted)
+    if not series or not series[0]["t"]:
+        return None
+    shown = series[:MAX_MEMORY_PANELS]
+    fig = Figure(figsize=(10.5, 1.0 + 2.3 * len(shown)))
+    axes = fig.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0]
+    mib = 2**20
+    for ax, w in zip(axes, shown):
+        t = w["t"]
+        managed = [v / mib for v in w["managed"]]
+        top = [m + u / mib for m, u in zip(managed, w["unmanaged"])]
+        ax.fill_between(t, 0, managed, color=C["managed"], alpha=0.8, linewidth=0, label="managed")
+        ax.fill_between(t, managed, top, color=C["unmanaged"], alpha=0.8, linewidth=0, label="unmanaged")
+        ax.plot(t, [v / mib for v in w["spilled"]], color=C["spilled"], linewidth=1.5, label="spilled")
+        lines = {"limit": w["limit"], "pause": w["pause"], "predicted": w["predicted"][0] if w["predicted"] else None}
+        for name, style, label in (("limit", "-", "limit"), ("pause", "--", "Dask pauses"),
+                                   ("predicted", "-.", "plan's predicted peak")):
+            v = lines[name]
+            if v:
+                ax.axhline(v / mib, color=C[name], linestyle=style, linewidth=1.2, label=f"{label} {v / mib:.0f} MiB")
+        ax.set_ylim(0, w["y_max"] / mib)  # the limit in view once memory nears it (graph.memory.timeline)
+        ax.set_title(f"worker {w['name']}", fontsize=9)
+        ax.set_ylabel("MiB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: it hides nothing
+    axes[-1].set_xlabel("seconds since the run started")
+    more = len(series) - len(shown)
+    fig.suptitle("Memory per worker" + (f" ({more} more worker(s) not drawn)" if more > 0 else ""), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def _wrap(text: str, width: int) -> list[str]:
     import textwrap
 
@@ -403,7 +453,7 @@ def write_report(result, path: str | Path, *, title: str | None = None) -> dict[
             "gpu.train returns); return gpu.train's result, or a mapping with its 'history', from the "
             "final step to plot it"
         )
-    memory = _memory_figure(result)
+    memory = _worker_memory_figure(result) or _memory_figure(result)
     if memory is not None:
         figures["memory"] = memory
     images = {name: _png(fig) for name, fig in figures.items()}

@@ -90,7 +90,7 @@ class Result:
 
         The metric of every branch grouped by each explore's alternatives (the chosen branch
         highlighted), the training curves of the chosen run(s) when they have a ``history``,
-        and memory over time when ``stats["memory_timeline"]`` exists. Returns the paths
+        and memory over time per worker when ``stats["worker_memory"]`` exists. Returns the paths
         written, e.g. ``{"metrics": .../metrics.png, "html": .../report.html}``; see
         :mod:`pipelines.report`.
 

@@ -161,6 +161,44 @@ def test_exploration_page_shows_branches_live_and_the_chosen_one(client, browser
     screenshot(browser, "dashboard-exploration.png")
 
 
+MEMORY = """
+const D = window.Bokeh && Bokeh.documents[0];
+const out = {titles: [], samples: [], spans: 0, header: null};
+if (D) for (const m of D.all_models) {
+  if (m.text && typeof m.text === "string" && m.text.startsWith("Memory: worker")) out.titles.push(m.text);
+  if (m.text && typeof m.text === "string" && m.text.startsWith("<h4>Memory")) out.header = m.text;
+  if (m.data && m.data.managed && m.data.spilled) out.samples.push(m.data.t.length);
+  if (m.type === "Span" || (m.constructor && m.constructor.__name__ === "Span")) { if (m.visible) out.spans += 1; }
+}
+return out;
+"""
+
+
+def test_exploration_page_draws_memory_per_worker(client, browser):
+    from tests.test_memory_timeline import three_blocks
+
+    base = client.dashboard_link.rsplit("/", 1)[0]
+    t, box = start_run(three_blocks(name="browser-memory", mib=20), client)
+    open_page(browser, base + "/quiver-exploration")
+    t.join(60)
+    assert "error" not in box, box.get("error")
+    wait_for(browser, lambda s: "browser-memory" in s and "finished" in s, what="the finished run")
+    deadline = time.time() + 20
+    drawn = browser.execute_script(MEMORY)
+    while time.time() < deadline and (len(drawn["titles"]) < 2 or min(drawn["samples"] or [0]) < 3):
+        time.sleep(0.25)
+        drawn = browser.execute_script(MEMORY)
+    # one figure per worker (the cluster's two), each drawn from the run's samples
+    assert len(drawn["titles"]) == 2 and all("limit" in t_ and "Dask pauses at" in t_ for t_ in drawn["titles"]), drawn
+    assert len(drawn["samples"]) == 2 and min(drawn["samples"]) >= 3, drawn
+    assert drawn["spans"] >= 4  # limit and pause, per worker (no memory plan here: no predicted line)
+    assert "samples per worker" in drawn["header"]
+    text = page_text(browser)
+    assert "Memory" in text
+    browser.execute_script("window.scrollTo(0, 380)")  # the tree's top, then the memory panel
+    screenshot(browser, "dashboard-memory.png")
+
+
 def test_training_page_shows_curves_of_each_training_branch(client, browser):
     gpu = pytest.importorskip("gpu")
     mlp = functools.partial(gpu.MLP, 64, 10, hidden=(32,))

@@ -26,7 +26,9 @@ from bokeh.models import (
     Div,
     HoverTool,
     NumberFormatter,
+    Range1d,
     Select,
+    Span,
     TableColumn,
 )
 from bokeh.palettes import Category10_10
@@ -34,9 +36,10 @@ from bokeh.plotting import figure
 from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
+from ..memory.timeline import MEMORY_COLORS, worker_series
 from .protocol import COLORS, PLUGIN_NAME
 
-__all__ = ["exploration_doc", "report_lines", "training_doc", "tree_layout"]
+__all__ = ["MemoryPanel", "exploration_doc", "report_lines", "training_doc", "tree_layout"]
 
 LATEST = "(latest)"
 MAX_ROWS = 150  # leaves the explore tree draws, one label row each; more branches are collapsed (tree_layout)
@@ -237,6 +240,92 @@ class _RunPage:
         raise NotImplementedError
 
 
+MIB = 2**20
+MAX_MEMORY_FIGURES = 8  # workers drawn one figure each; the header says how many more there are
+
+
+class MemoryPanel:
+    """The exploration page's "Memory" panel: per worker, managed and unmanaged memory stacked,
+    spilled bytes as a line, the worker's memory limit, Dask's pause line and, when the run has a
+    memory plan, its predicted peak per worker (what ``QuiverDashboard.memory_view`` holds)."""
+
+    def __init__(self):
+        self.header = Div(text="<h4>Memory</h4><p>No samples yet.</p>", sizing_mode="stretch_width")
+        self.figures: list[tuple[Any, ColumnDataSource, dict[str, Span]]] = []
+        self.root = column(self.header, sizing_mode="stretch_width")
+        self.last = None
+
+    def _figure(self):
+        fig = figure(height=220, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
+                     toolbar_location="above", title="Memory", y_range=Range1d(0, 1))
+        src = ColumnDataSource({k: [] for k in ("t", "zero", "managed", "top", "spilled")})
+        fig.varea(x="t", y1="zero", y2="managed", source=src, fill_color=MEMORY_COLORS["managed"], fill_alpha=0.8,
+                  legend_label="managed")
+        fig.varea(x="t", y1="managed", y2="top", source=src, fill_color=MEMORY_COLORS["unmanaged"], fill_alpha=0.8,
+                  legend_label="unmanaged")
+        fig.line(x="t", y="spilled", source=src, line_color=MEMORY_COLORS["spilled"], line_width=2,
+                 legend_label="spilled")
+        spans = {}
+        for name, dash in (("limit", "solid"), ("pause", "dashed"), ("predicted", "dotdash")):
+            spans[name] = Span(location=0, dimension="width", line_color=MEMORY_COLORS[name], line_dash=dash,
+                               line_width=2, visible=False)
+            fig.add_layout(spans[name])
+        fig.add_tools(HoverTool(tooltips=[("s", "@t{0.0}"), ("managed MiB", "@managed{0}"),
+                                          ("managed+unmanaged MiB", "@top{0}"), ("spilled MiB", "@spilled{0}")],
+                                mode="vline"))
+        fig.xaxis.axis_label = "seconds since the run started"
+        fig.yaxis.axis_label = "MiB"
+        fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "9px"
+        fig.legend.background_fill_alpha = 0.6
+        self.figures.append((fig, src, spans))
+        self.root.children.append(fig)
+
+    def show(self, memory: dict | None, run: str | None = None) -> None:
+        """Draw ``memory`` (``QuiverDashboard.memory_view`` of ``run``); redraws only when it changed."""
+        timeline = (memory or {}).get("timeline") or {}
+        predicted = (memory or {}).get("predicted_worker_peak")
+        t = timeline.get("t") or []
+        sig = (run, len(t), t[-1] if t else None, predicted, len(timeline.get("workers") or {}))
+        if sig == self.last:
+            return
+        self.last = sig
+        series = worker_series(timeline, predicted)
+        shown = series[:MAX_MEMORY_FIGURES]
+        while len(self.figures) < len(shown):
+            self._figure()
+        for n, (fig, src, spans) in enumerate(self.figures):
+            fig.visible = n < len(shown)
+            if n >= len(shown):
+                continue
+            w = shown[n]
+            managed = [v / MIB for v in w["managed"]]
+            src.data = {"t": w["t"], "zero": [0.0] * len(w["t"]), "managed": managed,
+                        "top": [m + u / MIB for m, u in zip(managed, w["unmanaged"])],
+                        "spilled": [v / MIB for v in w["spilled"]]}
+            lines = {"limit": w["limit"], "pause": w["pause"], "predicted": w["predicted"][0] if w["predicted"] else None}
+            for name, span in spans.items():
+                span.visible = lines[name] is not None
+                if lines[name] is not None:
+                    span.location = lines[name] / MIB
+            fig.y_range.start, fig.y_range.end = 0, w["y_max"] / MIB  # the limit in view once memory nears it
+            parts = [f"worker {w['name']}"]
+            shown_at = lambda v, how: how if v <= w["y_max"] else "above the chart"  # noqa: E731
+            if w["limit"]:
+                parts.append(f"limit {w['limit'] / MIB:.0f} MiB ({shown_at(w['limit'], 'solid')})")
+            if w["pause"]:
+                parts.append(f"Dask pauses at {w['pause'] / MIB:.0f} MiB ({shown_at(w['pause'], 'dashed')})")
+            if w["predicted"]:
+                parts.append(f"plan's predicted peak {w['predicted'][0] / MIB:.0f} MiB (dot-dash)")
+            fig.title.text = "Memory: " + "; ".join(parts)
+        more = len(series) - len(shown)
+        self.header.text = (
+            "<h4>Memory</h4><p>" + (f"{len(t)} samples per worker; " if t else "No samples yet. ")
+            + "stacked: managed (results Dask holds) and unmanaged (the rest of the process); line: spilled to disk"
+            + (f"; {more} more worker(s) not drawn" if more > 0 else "") + ".</p>"
+        )
+
+
 class ExplorationPage(_RunPage):
     """The explore/choose tree and the table of one run."""
 
@@ -262,14 +351,18 @@ class ExplorationPage(_RunPage):
         self.table_source = ColumnDataSource({"branch": []})
         self.table = DataTable(source=self.table_source, columns=[TableColumn(field="branch", title="branch")],
                                sortable=True, sizing_mode="stretch_width", height=360, index_position=None)
+        self.memory = MemoryPanel()
         self.root = column(row(self.select, sizing_mode="stretch_width"), self.header, self.legend, self.fig,
-                           self.table, sizing_mode="stretch_width")
+                           self.memory.root, self.table, sizing_mode="stretch_width")
 
     def update(self, force: bool = False) -> None:
         plugin = self.refresh_runs()
         run = _pick_run(plugin, self.select.value)
         if run is None:
             return
+        raw = plugin.runs.get(run["run"])
+        if raw is not None:  # sampled twice a second whatever the branches do: redrawn on its own
+            self.memory.show(plugin.memory_view(raw), run["run"])
         sig = (run["run"], plugin.version, tuple(b["status"] for b in run["branches"]))
         if sig == self.last and not force:
             return

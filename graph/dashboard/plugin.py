@@ -15,6 +15,12 @@ When it starts on a scheduler with a dashboard it adds, to that same HTTP server
   where a pruned branch stopped: docs/architecture.md §7);
 * ``/quiver/api/state.json``: the same data as JSON (``?run=ID`` for one run);
 
+and samples, every ``SAMPLE_SECONDS`` (0.5 s) while a run is in progress, each worker's
+managed / unmanaged / spilled bytes and memory limit from Dask's own ``WorkerState.memory``
+into the run's :class:`graph.memory.timeline.MemoryTimeline` (at most 2,000 samples, thinned
+evenly): the exploration page's Memory panel, and ``result.stats["worker_memory"]``
+(:func:`run_memory`);
+
 and links the two pages from the dashboard's navigation bar.
 
 ``quiver`` runs register the plugin themselves (once per scheduler). For a scheduler
@@ -42,6 +48,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..memory.timeline import SAMPLE_SECONDS, MemoryTimeline, predicted_worker_peak
 from ..state.ranking import best as best_index
 from ..spec import PruneSpec
 from ..state.status import live_status, stopped_status
@@ -50,6 +57,7 @@ from .protocol import (
     EXPLORATION_PAGE,
     EXPLORATION_TOPIC,
     JSON_PATH,
+    MAX_MEMORY_RUNS,
     MAX_RUNS,
     MAX_TRAININGS,
     PLUGIN_NAME,
@@ -67,7 +75,10 @@ __all__ = [
     "QuiverDashboard",
     "dask_setup",
     "ensure_dashboard",
+    "dashboard_runs",
     "dashboard_snapshot",
+    "run_memory",
+    "worker_readings",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,6 +116,7 @@ class QuiverDashboard(SchedulerPlugin):
         self.training: OrderedDict[str, dict] = OrderedDict()
         self.version = 0
         self.scheduler = None
+        self._sampler = None  # the periodic memory sampling (start/close)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __getstate__(self):
@@ -114,11 +126,42 @@ class QuiverDashboard(SchedulerPlugin):
         self.__init__(**state)
 
     async def start(self, scheduler) -> None:
+        from tornado.ioloop import PeriodicCallback
+
         self.scheduler = scheduler
         try:
             install_pages(scheduler)
         except Exception:  # recorded: a scheduler without a dashboard still keeps the state (and the JSON)
             logger.info("quiver: could not add the dashboard pages", exc_info=True)
+        self._sampler = PeriodicCallback(self.sample_memory, SAMPLE_SECONDS * 1000)
+        self._sampler.start()
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    # ---- memory over time ----------------------------------------------------------------------
+    def sample_memory(self, only: dict | None = None) -> None:
+        """One memory sample of every worker, into each run in progress (``only``: that run)."""
+        runs = [only] if only is not None else [r for r in self.runs.values() if r["state"] == "running"]
+        runs = [r for r in runs if r["memory"] is not None]
+        if self.scheduler is None or not runs:
+            return
+        readings = worker_readings(self.scheduler)
+        now = time.monotonic()
+        for run in runs:
+            run["memory"].add(now, readings)
+
+    def memory_view(self, run: dict) -> dict:
+        """``{"timeline": MemoryTimeline.data(), "predicted_worker_peak": bytes or None}``: the
+        plan's prediction per worker, from the run's ``plan`` message or its final statistics."""
+        timeline = run["memory"] if run["memory"] is not None else MemoryTimeline()  # older runs': let go
+        data = timeline.data()
+        plan = run.get("plan") or {}
+        stats = run.get("stats") or {}
+        predicted = plan.get("predicted_peak_bytes") or stats.get("predicted_peak_bytes")
+        workers = plan.get("workers") or len(data["workers"])
+        return {"timeline": data, "predicted_worker_peak": predicted_worker_peak(predicted, workers)}
 
     # ---- events ------------------------------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:
@@ -176,9 +219,18 @@ class QuiverDashboard(SchedulerPlugin):
                 "error": None,
                 "key_index": None,  # task key -> branch ids, built when a training page asks (branches_of)
                 "curve_choose": msg.get("curve_choose"),  # the choose whose metric the report curves show
+                "memory": _new_timeline(),
+                "plan": None,
             }
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
+            for old in list(self.runs.values())[:-MAX_MEMORY_RUNS]:  # older runs: their samples go
+                old["memory"] = None
+            self.sample_memory(only=self.runs[run_id])  # the first sample: before anything ran
+        elif kind == "plan":  # a memory plan for the run: its predicted peak (and the workers it splits over)
+            run = self.runs.get(run_id)
+            if run is not None:
+                run["plan"] = {k: msg.get(k) for k in ("predicted_peak_bytes", "workers")}
         elif kind in ("update", "end"):
             run = self.runs.get(run_id)
             if run is None:
@@ -201,6 +253,8 @@ class QuiverDashboard(SchedulerPlugin):
             if "tasks_done" in msg:
                 run["tasks_done"] = msg["tasks_done"]
             if kind == "end":
+                if run["state"] == "running":
+                    self.sample_memory(only=run)  # the last sample: as the run ends
                 if msg.get("error"):  # stopped early: what had not finished never will
                     for b in run["branches"]:
                         b["status"] = stopped_status(b["status"])
@@ -389,7 +443,8 @@ class QuiverDashboard(SchedulerPlugin):
 
     def snapshot(self, run: str | None = None) -> dict:
         """Everything the pages show, as plain JSON data (``run``: only that run and its training)."""
-        runs = [dict(self.run_view(r), curves=self.curves_view(r)) for r in self.runs.values() if run is None or r["run"] == run]
+        runs = [dict(self.run_view(r), curves=self.curves_view(r), memory=self.memory_view(r))
+                for r in self.runs.values() if run is None or r["run"] == run]
         training = [self.training_view(t) for t in self.training.values()]
         if run is not None:
             training = [t for t in training if t["run"] == run]
@@ -400,6 +455,66 @@ def dashboard_snapshot(dask_scheduler, run: str | None = None) -> dict:
     """``client.run_on_scheduler(dashboard_snapshot)``: the plugin's snapshot (``{}`` without it)."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     return plugin.snapshot(run) if plugin is not None else {}
+
+
+def _new_timeline() -> MemoryTimeline:
+    """A run's timeline, with Dask's pause and spill thresholds (this scheduler's config) to draw."""
+    from ..memory.limits import dask_thresholds
+
+    try:
+        t = dask_thresholds()
+    except ValueError as exc:  # recorded: a bad threshold in the config; the lines are left out
+        logger.info("quiver: memory thresholds not drawn: %s", exc)
+        return MemoryTimeline()
+    on = lambda v: float(v) if v is not False and v is not None else None  # noqa: E731
+    return MemoryTimeline(pause=on(t.pause), spill=on(t.spill))
+
+
+def worker_readings(scheduler) -> dict[str, tuple[int, int, int, int]]:
+    """``{worker address: (managed, unmanaged, spilled, memory_limit)}`` from Dask's own
+    ``WorkerState.memory`` (``distributed.scheduler.MemoryState``), as the scheduler sees it now."""
+    out = {}
+    for address, ws in scheduler.workers.items():
+        m = ws.memory
+        out[address] = (m.managed, m.unmanaged, m.spilled, ws.memory_limit or 0)
+    return out
+
+
+def _run_ids(dask_scheduler) -> list[str]:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    return list(plugin.runs) if plugin is not None else []
+
+
+def _memory_of_new_run(dask_scheduler, before: list[str]) -> dict | None:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    if plugin is None:
+        return None
+    known = set(before)
+    new = [r for r in plugin.runs.values() if r["run"] not in known]
+    return jsonable(plugin.memory_view(new[-1])) if new else None
+
+
+def dashboard_runs(client, timeout: float = 10.0) -> list[str] | None:
+    """The runs the scheduler's dashboard plugin knows now (``[]`` without the plugin; ``None``
+    when the scheduler did not answer within ``timeout`` s). Before a run, for :func:`run_memory`."""
+    try:
+        return client.run_on_scheduler(_run_ids, callback_timeout=timeout)
+    except Exception as exc:  # recorded: no samples then, the run goes on
+        logger.debug("quiver: runs on the scheduler not listed: %s", exc)
+        return None
+
+
+def run_memory(client, before: list[str] | None, timeout: float = 10.0) -> dict | None:
+    """After a run: the memory samples of the newest run not in ``before`` (:func:`dashboard_runs`),
+    as :meth:`QuiverDashboard.memory_view` gives them, or ``None`` (no plugin, no such run, or no
+    answer within ``timeout`` s: a report without the chart, never a failed run)."""
+    if before is None:
+        return None
+    try:
+        return client.run_on_scheduler(_memory_of_new_run, before=before, callback_timeout=timeout)
+    except Exception as exc:  # recorded: a report without the memory chart rather than a failed run
+        logger.debug("quiver: memory samples not read: %s", exc)
+        return None
 
 
 def ensure_dashboard(client) -> bool:

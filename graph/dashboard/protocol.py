@@ -14,6 +14,8 @@ plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
   the ``curve_choose`` metric, named in ``start``, that were not sent before) starting at
   report ``curve_at`` (0-based), so a branch's points travel once whatever the throttle;
   ``start`` gives each choose's ``prune`` (``factor``, ``min_iter``, ``max_iter``) for the rungs.
+  ``{"kind": "plan", "run", "predicted_peak_bytes", "workers"}`` gives the run's memory plan, drawn
+  on the Memory panel before the run ends (without it, the plan's line comes from ``end``'s ``stats``).
 * ``quiver-training`` (each member of a ``gpu.train`` gang): ``start``, one ``epoch``
   record per epoch (accuracy and loss of z, replica spread, samples/s, replicas,
   sync and compute seconds), ``tuning`` (the auto-tuner's curve) and ``end``.
@@ -64,6 +66,7 @@ EXPLORATION_PAGE = "quiver-exploration"
 TRAINING_PAGE = "quiver-training"
 JSON_PATH = "quiver/api/state.json"
 MAX_RUNS = 20
+MAX_MEMORY_RUNS = 5  # the newest runs whose memory samples the plugin keeps (graph.memory.timeline)
 MAX_TRAININGS = 200
 
 EXPLORATION_TOPIC = "quiver-exploration"

@@ -79,6 +79,7 @@ class RunRecord:
     stats: dict = field(default_factory=dict)
     compiled: CompiledPipeline | None = None
     memory_plan: Any = None
+    run_id: str = ""  # the run's name on the scheduler (its dashboard page, its memory samples)
 
 
 class _Stopped(Exception):
@@ -586,6 +587,8 @@ class _Run:
                                    run_id=self.run_id, disk_bandwidth=disk_bandwidth,
                                    what="reading the workers' spill counters")
         driver.budget = self.budgeted
+        if self.budgeted is not None:
+            self.budgeted.on_plan = self.publisher.memory_plan  # the dashboard's predicted peak, live
         driver.open_reports()  # before anything is submitted: no report is missed
         driver.open_metrics()  # so too the metrics steps send
         if on_driver is not None:
@@ -697,7 +700,7 @@ class _Run:
                 table=table,
             )
         return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
-                         compiled=self.compiled, memory_plan=self.budgeted.plan)
+                         compiled=self.compiled, memory_plan=self.budgeted.plan, run_id=self.run_id)
 
 
 def _left(deadline: list[float]) -> float:

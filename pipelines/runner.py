@@ -69,9 +69,8 @@ def run_node(
         timing.begin()
         _ready_cluster(c, compiled, pack, modules)
         timing.imported()
-        from graph.dashboard.plugin import dashboard_runs, run_memory
+        from graph.dashboard.plugin import run_memory
 
-        runs_before = dashboard_runs(c)  # the dashboard's samples of this run: those of the run it did not know
         from graph.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
@@ -99,7 +98,7 @@ def run_node(
                 step_warnings = replay(seen, compiled)
                 takeovers = _forget_claims(c, compiled)
         record.stats["time_breakdown"] = timing.finish(compiled)
-        record.stats["worker_memory"] = run_memory(c, runs_before)  # per worker over time (graph.memory.timeline)
+        record.stats["worker_memory"] = run_memory(c, record.run_id)  # per worker over time (graph.memory.timeline)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

@@ -196,6 +196,7 @@ def test_a_budgeted_runs_samples_carry_the_plans_prediction_per_worker():
     result = three_blocks(name="budgeted-timeline").run(progress=False, quiet=True, workers=2, memory_budget="1.5 GiB")
     plan, memory = result.memory_plan, result.stats["worker_memory"]
     assert memory["predicted_worker_peak"] == plan.predicted_peak // plan.workers > 0
+    assert memory["plan_live"] is True  # the publisher sent each plan as it was made, not only at the end
     workers = memory["timeline"]["workers"]
     assert len(workers) == 2 and {w["limit"] for w in workers.values()} == {plan.worker_memory_limit}
     managed = [sum(w["managed"][i] or 0 for w in workers.values()) for i in range(len(memory["timeline"]["t"]))]

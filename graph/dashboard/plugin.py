@@ -75,7 +75,6 @@ __all__ = [
     "QuiverDashboard",
     "dask_setup",
     "ensure_dashboard",
-    "dashboard_runs",
     "dashboard_snapshot",
     "run_memory",
     "worker_readings",
@@ -153,15 +152,17 @@ class QuiverDashboard(SchedulerPlugin):
             run["memory"].add(now, readings)
 
     def memory_view(self, run: dict) -> dict:
-        """``{"timeline": MemoryTimeline.data(), "predicted_worker_peak": bytes or None}``: the
-        plan's prediction per worker, from the run's ``plan`` message or its final statistics."""
+        """``{"timeline": MemoryTimeline.data(), "predicted_worker_peak": bytes or None,
+        "plan_live": bool}``: the plan's prediction per worker, from the run's ``plan`` message
+        (sent as each plan is made: ``plan_live``) or its final statistics."""
         timeline = run["memory"] if run["memory"] is not None else MemoryTimeline()  # older runs': let go
         data = timeline.data()
         plan = run.get("plan") or {}
         stats = run.get("stats") or {}
         predicted = plan.get("predicted_peak_bytes") or stats.get("predicted_peak_bytes")
         workers = plan.get("workers") or len(data["workers"])
-        return {"timeline": data, "predicted_worker_peak": predicted_worker_peak(predicted, workers)}
+        return {"timeline": data, "predicted_worker_peak": predicted_worker_peak(predicted, workers),
+                "plan_live": bool(plan.get("predicted_peak_bytes"))}
 
     # ---- events ------------------------------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:
@@ -480,38 +481,18 @@ def worker_readings(scheduler) -> dict[str, tuple[int, int, int, int]]:
     return out
 
 
-def _run_ids(dask_scheduler) -> list[str]:
+def _memory_of_run(dask_scheduler, run_id: str) -> dict | None:
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
-    return list(plugin.runs) if plugin is not None else []
+    run = plugin.runs.get(run_id) if plugin is not None else None
+    return jsonable(plugin.memory_view(run)) if run is not None else None
 
 
-def _memory_of_new_run(dask_scheduler, before: list[str]) -> dict | None:
-    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
-    if plugin is None:
-        return None
-    known = set(before)
-    new = [r for r in plugin.runs.values() if r["run"] not in known]
-    return jsonable(plugin.memory_view(new[-1])) if new else None
-
-
-def dashboard_runs(client, timeout: float = 10.0) -> list[str] | None:
-    """The runs the scheduler's dashboard plugin knows now (``[]`` without the plugin; ``None``
-    when the scheduler did not answer within ``timeout`` s). Before a run, for :func:`run_memory`."""
-    try:
-        return client.run_on_scheduler(_run_ids, callback_timeout=timeout)
-    except Exception as exc:  # recorded: no samples then, the run goes on
-        logger.debug("quiver: runs on the scheduler not listed: %s", exc)
-        return None
-
-
-def run_memory(client, before: list[str] | None, timeout: float = 10.0) -> dict | None:
-    """After a run: the memory samples of the newest run not in ``before`` (:func:`dashboard_runs`),
-    as :meth:`QuiverDashboard.memory_view` gives them, or ``None`` (no plugin, no such run, or no
+def run_memory(client, run_id: str, timeout: float = 10.0) -> dict | None:
+    """After a run: the memory samples of run ``run_id`` (``RunRecord.run_id``), as
+    :meth:`QuiverDashboard.memory_view` gives them, or ``None`` (no plugin, no such run, or no
     answer within ``timeout`` s: a report without the chart, never a failed run)."""
-    if before is None:
-        return None
     try:
-        return client.run_on_scheduler(_memory_of_new_run, before=before, callback_timeout=timeout)
+        return client.run_on_scheduler(_memory_of_run, run_id=run_id, callback_timeout=timeout)
     except Exception as exc:  # recorded: a report without the memory chart rather than a failed run
         logger.debug("quiver: memory samples not read: %s", exc)
         return None

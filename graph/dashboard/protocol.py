@@ -172,6 +172,12 @@ class ExplorationPublisher:
         self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
         self._sender: threading.Thread | None = None
 
+    def memory_plan(self, plan: Any) -> None:
+        """A memory plan for this run (the first or a re-plan): the memory panel draws its
+        predicted peak per worker while the run goes on. Queued like every message (never waits)."""
+        self._send({"kind": "plan", "run": self.run_id, "predicted_peak_bytes": int(plan.predicted_peak),
+                    "workers": int(plan.workers)})
+
     def _send(self, msg: dict, last: bool = False) -> None:
         """Queue ``msg`` for the sender thread; drop it when the queue is full (never wait).
         ``last``: the end message, for which a queued update is dropped to make room."""

@@ -263,6 +263,8 @@ class BudgetedRun:
         self.working_name: str | None = None  # graph.memory.workmeter.WorkingMemoryPlugin, under a budget
         self.kills: dict[Any, int] = {}  # task -> workers restarted for memory while it ran on them
         self.working_sent: dict[str, int] = {}  # the working memory per step last sent to the workers
+        #: called with each new plan (the first and every re-plan): the dashboard draws its peak live
+        self.on_plan: Callable[[MemoryPlan], None] | None = None
         self.before = spill_counters(client)
 
     def start(
@@ -301,6 +303,8 @@ class BudgetedRun:
         if plan.evicts:
             plan = self._prepare_eviction(plan, {}, strict=not self.sample)
         self.plan = plan
+        if self.on_plan is not None:
+            self.on_plan(plan)
         self.too_big.update(plan.too_big)
         # sizes not all known yet (no hint, nothing measured): the plan's "everything fits" is a
         # guess, so its spill target goes on now, before the first results show it wrong (Dask's
@@ -440,6 +444,8 @@ class BudgetedRun:
         if self.plan is not None and self.plan.predicted_peak and not self.replans:
             self.first_prediction = self.plan.summary()
         self.plan = plan
+        if self.on_plan is not None:
+            self.on_plan(plan)
         self.replans += 1
         self.too_big.update(plan.too_big)
         self._install(plan)

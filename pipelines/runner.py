@@ -66,11 +66,15 @@ def run_node(
         timing.begin()
         _ready_cluster(c, compiled, pack)
         timing.imported()
+        from graph import sharedcopies
         from graph.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
             takeovers = None
+            copies = None
             try:
+                # what several training steps read is copied to every worker as soon as it exists
+                copies = sharedcopies.install(c, compiled, budgeted=memory_budget is not None)
                 record = execute(
                     compiled,
                     c,
@@ -92,7 +96,10 @@ def run_node(
             finally:
                 step_warnings = replay(seen, compiled)
                 takeovers = _forget_claims(c, compiled)
+                copied = sharedcopies.remove(c, copies)  # on every path: the plugin lives for one run
         record.stats["time_breakdown"] = timing.finish(compiled)
+        # copies of shared inputs asked for ahead of their readers: {key: [worker, ...]}
+        record.stats["shared_copies"] = copied
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

@@ -211,7 +211,8 @@ def quiver_run(kind: str, size: dict) -> dict:
             "chosen": {"lr": float(chosen[lr_col]), "batch": int(chosen[batch_col]), "accuracy": float(chosen["accuracy"])},
             "stats": {k: stats.get(k) for k in ("wall_seconds", "time_to_first_rung_s", "busy_fraction", "reports", "rungs",
                                                 "pruned_branches", "executed_tasks", "branches", "packed_groups",
-                                                "packed_takeovers", "reports_replayed", "time_breakdown")}}
+                                                "packed_takeovers", "reports_replayed", "time_breakdown",
+                                                "shared_copies")}}
 
 
 # --------------------------------------------------------------------------------------- Optuna

@@ -143,11 +143,16 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     returns its name (``None``: nothing shared, one worker, or the scheduler did not answer within
     ``timeout`` s: the copies were only a head start, the run goes on without them).
     ``training``: the readers that count (default :func:`training_keys`; a benchmark measuring
-    copies ahead of any step passes every key)."""
+    copies ahead of any step passes every key). ``dask config quiver.shared-copies: False`` turns
+    it off."""
     import time
 
     from .bounded import within
 
+    import dask
+
+    if not dask.config.get("quiver.shared-copies", default=True):
+        return None
     shared = shared_inputs(compiled.dependents, training_keys(compiled) if training is None else training, budgeted)
     if not shared:
         return None

@@ -123,3 +123,14 @@ def test_the_copy_plugin_is_removed_when_the_run_fails(client, log_dir):
     with pytest.raises(graph.RunError):
         node.run(client, progress=False, quiet=True)
     assert client.run_on_scheduler(_copy_plugins) == []
+
+
+def test_turned_off_by_dask_config_before_asking_the_scheduler_anything():
+    import dask
+
+    from graph.sharedcopies import install
+
+    node = (Pipeline("off").source(shared_steps.load_data, log_dir="/nowhere")
+            .explore("fit", grid(shared_steps.train, log_dir=["/nowhere"], lr=[0.1, 1.0])).choose("accuracy"))
+    with dask.config.set({"quiver.shared-copies": False}):
+        assert install(None, graph.compile(node)) is None  # no client call: None would fail it

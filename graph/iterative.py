@@ -123,6 +123,7 @@ class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
     waited = 0.0  # seconds spent waiting for answers at rungs (not computing); also for subclasses
+    spans: tuple = ()  # (start, stop) of each wait at a rung, in the worker's clock (time.time); also for subclasses
 
     def __init__(self) -> None:
         from gpu.worker import current_task, current_worker
@@ -131,7 +132,6 @@ class _Task:
         self.key = current_task() if self.worker is not None else None
         self.attempt = uuid.uuid4().hex[:12]
         self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
-        self.spans: list = []  # (start, stop) of each wait at a rung, in the worker's clock (time.time)
 
     @property
     def live(self) -> bool:
@@ -166,7 +166,7 @@ class _Task:
             return self._answer(iteration)
         finally:
             self.waited += time.perf_counter() - start
-            self.spans.append((began, time.time()))
+            self.spans = (*self.spans, (began, time.time()))  # a new tuple: the class default stays empty
 
     def send_waited(self) -> None:
         """Tell the run's monitor how long this task waited at rungs (sent before the task

@@ -12,9 +12,10 @@ by cheap model branches (LogisticRegression over C, RidgeClassifier over alpha),
 scored by validation accuracy, best kept.  Methods, all on the same 2 cores:
 
 (a) Quiver: one deduplicated graph on a LocalCluster(2 workers x 1 thread, processes).
-(a') the same with ``benchmarks/placement.py`` installed around the run: the moment a result that
-    several steps read (the source, each PCA) is in memory, the other worker is asked to fetch
-    a copy (Dask's acquire-replicas), before its holder starts a GIL-holding SVD.
+(a') the same with ``graph.sharedcopies`` installed around the run for every shared result (a run
+    installs it itself only for what training steps read): the moment a result that several
+    steps read (the source, each PCA) is in memory, the other worker is asked to fetch a copy
+    (Dask's acquire-replicas), before its holder starts a GIL-holding SVD.
 (b) Dask, one separate job per branch: each branch's full path (load -> features ->
     model) as its own ``client.compute`` of ``dask.delayed(pure=False)`` tasks, no
     sharing between jobs, all submitted at once to the same cluster.
@@ -261,20 +262,22 @@ def build_quiver(cfg):
 
 def run_quiver(cfg, client, placement=False):
     """``placement``: copies of the shared results are made on the other worker the moment they
-    exist (``benchmarks/placement.py``, installed around the run here: the executor does not call it)."""
+    exist (``graph.sharedcopies`` with every step counted as a reader, installed around the run
+    here: a run installs it itself only for the results that training steps read)."""
     from distributed import get_task_stream
 
     import graph
-    import placement as place  # benchmarks/placement.py (the benchmark's directory is on sys.path)
+    from graph import sharedcopies
 
     best = build_quiver(cfg)
     with get_task_stream(client) as ts:
         t0 = time.perf_counter()
-        name = place.install(client, graph.compile(best)) if placement else None
+        compiled = graph.compile(best)
+        name = sharedcopies.install(client, compiled, training=set(compiled.graph)) if placement else None
         try:
             result = best.run(client=client, progress=False, quiet=True)
         finally:
-            requested = place.remove(client, name)
+            requested = sharedcopies.remove(client, name)
         wall = time.perf_counter() - t0
     sec = compute_seconds(ts.data)
     compiled = result.compiled

@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from graph.breakdown import CATEGORIES  # noqa: E402
 from pipelines import halving  # noqa: E402
 
 TARGET_SPEEDUP = 1.5
@@ -210,7 +211,8 @@ def quiver_run(kind: str, size: dict) -> dict:
             "chosen": {"lr": float(chosen[lr_col]), "batch": int(chosen[batch_col]), "accuracy": float(chosen["accuracy"])},
             "stats": {k: stats.get(k) for k in ("wall_seconds", "time_to_first_rung_s", "busy_fraction", "reports", "rungs",
                                                 "pruned_branches", "executed_tasks", "branches", "packed_groups",
-                                                "packed_takeovers", "reports_replayed")}}
+                                                "packed_takeovers", "reports_replayed", "time_breakdown",
+                                                "shared_copies")}}
 
 
 # --------------------------------------------------------------------------------------- Optuna
@@ -438,6 +440,13 @@ def print_table(runs: dict, size: dict, repeats: int, load: tuple) -> None:
         if ttfr or busy:
             print(f"  {name}: time to first rung {statistics.median(ttfr) if ttfr else float('nan'):.2f} s, "
                   f"workers busy {statistics.median(busy) if busy else float('nan'):.2f}")
+        parts = [s["time_breakdown"] for s in stats if s.get("time_breakdown")]
+        if parts:  # graph/breakdown.py: seconds of the run window per worker thread, median over the repeats
+            names = [c for c in CATEGORIES if any(c in p for p in parts)]
+            print(f"  {name}: time breakdown (s per thread, median) "
+                  + ", ".join(f"{c} {statistics.median(p.get(c, 0.0) for p in parts):.2f}" for c in names)
+                  + f" of {statistics.median(p['window_s'] for p in parts):.2f}; idle thread-s "
+                  + f"{statistics.median(p['idle'] * p['threads'] for p in parts):.2f}")
         if m["runs"] and "duplicate_grid_points" in m["runs"][0]:
             dup = [r["duplicate_grid_points"] for r in m["runs"]]
             missed = [r["missed_grid_points"] for r in m["runs"]]

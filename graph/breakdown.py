@@ -12,21 +12,27 @@ to the run's window and every worker thread's time in it is given to one categor
 * ``moving``: no task computing on the thread while its worker fetches, reads back or
   deserialises a task's inputs (Dask runs those off the threads: a thread is only charged for
   it when it has nothing else to do);
-* ``computing``: every other step's compute (an iterative step waiting at a rung holds its
-  thread: its wait is in here, as in ``busy_fraction``);
-* ``idle``: the rest.
+* ``computing``: every other step's compute;
+* ``waiting``: an iterative step waiting at a rung for the run's answer (it holds its thread:
+  from the report to the answer, the spans the step sends on ``graph.iterative.WAIT_TOPIC``);
+* ``idle``: the rest: a thread with nothing to run.
 
 Each figure is thread-seconds over the number of threads, so they add up to the window's
-length: ``sum(categories) == window_s``. :func:`breakdown` is the pure rule (literal records in,
+length: ``sum(categories) == window_s``; ``idle_thread_seconds`` is the idle time of all the
+threads together (worker-thread-seconds with nothing to run). :func:`breakdown` is the pure rule (literal records in,
 numbers out); :class:`Collector` is the thin part that talks to the scheduler.
 
 >>> recs = [{"key": "load", "worker": "w", "startstops": [{"action": "compute", "start": 1.0, "stop": 2.0}]},
 ...         {"key": "fit", "worker": "w", "startstops": [{"action": "transfer", "start": 2.0, "stop": 2.5},
 ...                                                        {"action": "compute", "start": 2.5, "stop": 4.0}]}]
->>> breakdown(recs, 0.0, 5.0, {"w": 1}, sources={"load"})
-{'window_s': 5.0, 'threads': 1, 'importing': 0.0, 'startup': 1.0, 'loading': 1.0, 'moving': 0.5, 'computing': 1.5, 'idle': 1.0}
+>>> breakdown(recs, 0.0, 5.0, {"w": 1}, sources={"load"})  # doctest: +NORMALIZE_WHITESPACE
+{'window_s': 5.0, 'threads': 1, 'importing': 0.0, 'startup': 1.0, 'loading': 1.0, 'moving': 0.5,
+ 'computing': 1.5, 'waiting': 0.0, 'idle': 1.0, 'idle_thread_seconds': 1.0}
 >>> breakdown(recs, 0.0, 5.0, {"w": 1}, sources={"load"}, imports=(0.0, 0.75))["importing"]
 0.75
+>>> out = breakdown(recs, 0.0, 5.0, {"w": 1}, sources={"load"}, waits=[("w", 3.0, 3.5)])  # fit waited at a rung
+>>> out["computing"], out["waiting"]
+(1.0, 0.5)
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["CATEGORIES", "Collector", "breakdown", "source_keys"]
+__all__ = ["CATEGORIES", "Collector", "breakdown", "source_keys", "wait_spans"]
 
-CATEGORIES = ("importing", "startup", "loading", "moving", "computing", "idle")
+CATEGORIES = ("importing", "startup", "loading", "moving", "computing", "waiting", "idle")
 _MOVING = {"transfer", "disk-read", "disk-write", "deserialize"}
 
 
@@ -56,8 +62,8 @@ def _clip(a: float, b: float, lo: float, hi: float) -> tuple[float, float] | Non
 
 
 def breakdown(records: Iterable[Mapping[str, Any]], start: float, end: float, threads: Mapping[str, int],
-              sources: Iterable[str] = (), key_of=None, imports: tuple[float, float] | None = None
-              ) -> dict[str, float]:
+              sources: Iterable[str] = (), key_of=None, imports: tuple[float, float] | None = None,
+              waits: Iterable[tuple[str, float, float]] = ()) -> dict[str, float]:
     """Split the window ``[start, end]`` of every worker thread into :data:`CATEGORIES`.
 
     ``records``: task-stream records (``key``, ``worker``, ``startstops``: dicts with
@@ -65,8 +71,11 @@ def breakdown(records: Iterable[Mapping[str, Any]], start: float, end: float, th
     (workers with no record are idle all along); ``sources``: the keys of source steps;
     ``key_of``: maps a record's key to the key ``sources`` names (e.g. a recompute copy to its
     original); ``imports``: the ``(start, stop)`` of the workers' imports before the run (a
-    thread with nothing to do then is importing). Intervals are clipped to the window; where a worker's computing intervals
-    overlap more than it has threads (clock jitter), they are scaled down to its threads.
+    thread with nothing to do then is importing); ``waits``: ``(worker, start, stop)`` of each
+    wait of an iterative step at a rung (:func:`wait_spans`), inside that step's compute: that
+    much of its compute is ``waiting`` instead of ``computing``. Intervals are clipped to the
+    window; where a worker's computing intervals overlap more than it has threads (clock
+    jitter), they are scaled down to its threads.
 
     >>> breakdown([], 0.0, 2.0, {"a": 2, "b": 1})["idle"]
     2.0
@@ -91,27 +100,34 @@ def breakdown(records: Iterable[Mapping[str, Any]], start: float, end: float, th
                 per_worker[worker].append((*span, "loading" if key in sources else "computing"))
             elif action in _MOVING:
                 per_worker[worker].append((*span, "moving"))
+    for worker, a, b in waits:
+        span = _clip(float(a), float(b), start, end)
+        if worker in per_worker and span is not None:
+            per_worker[worker].append((*span, "waiting"))
     totals = dict.fromkeys(CATEGORIES, 0.0)
     for worker, n in threads.items():
         if n <= 0:
             continue
         spans = per_worker[worker]
-        first = min((a for a, _, c in spans if c != "moving"), default=start)  # never computed: idle
+        first = min((a for a, _, c in spans if c in ("loading", "computing")), default=start)  # never computed: idle
         # a sweep over the spans' ends: how many of each kind are active between two events
         marks = [(first, 0, "")]
         imp = _clip(*imports, start, end) if imports else None
         if imp:
             marks += [(imp[0], 1, "importing"), (imp[1], -1, "importing")]
         events = sorted([(a, 1, c) for a, _, c in spans] + [(b, -1, c) for _, b, c in spans] + marks)
-        active = {"loading": 0, "computing": 0, "moving": 0, "importing": 0}
+        active = {"loading": 0, "computing": 0, "waiting": 0, "moving": 0, "importing": 0}
         at = start
         for t, delta, kind in events + [(end, 0, "")]:
             if t > at:
                 length = t - at
                 busy = active["loading"] + active["computing"]
                 scale = min(1.0, n / busy) if busy else 0.0
+                # a wait lies inside its step's compute: that part of the compute is waiting
+                waiting = min(active["waiting"], active["computing"])
                 totals["loading"] += active["loading"] * scale * length
-                totals["computing"] += active["computing"] * scale * length
+                totals["computing"] += (active["computing"] - waiting) * scale * length
+                totals["waiting"] += waiting * scale * length
                 free = (n - min(busy, n)) * length
                 if active["moving"]:
                     totals["moving"] += free
@@ -127,6 +143,31 @@ def breakdown(records: Iterable[Mapping[str, Any]], start: float, end: float, th
     count = sum(n for n in threads.values() if n > 0)
     out: dict[str, float] = {"window_s": end - start, "threads": count}
     out.update({c: (totals[c] / count if count else 0.0) for c in CATEGORIES})
+    out["idle_thread_seconds"] = totals["idle"]
+    return out
+
+
+def wait_spans(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> list[tuple[str, float, float]]:
+    """``(worker, start, stop)`` of every rung wait in ``messages`` (the ``graph.iterative.WAIT_TOPIC``
+    messages: ``{"key", "worker", "spans"}``) of a task in ``keys``; malformed ones are left out.
+
+    >>> wait_spans([{"key": "fit", "worker": "w", "spans": [[1.0, 2.0]]}, {"key": "other", "spans": []}, None], {"fit"})
+    [('w', 1.0, 2.0)]
+    """
+    wanted = set(keys)
+    out = []
+    for msg in messages:
+        if not isinstance(msg, Mapping):
+            continue
+        key = msg.get("key")
+        if (key_of(key) if key_of is not None and isinstance(key, str) else key) not in wanted:
+            continue
+        for span in msg.get("spans") or ():
+            try:
+                a, b = float(span[0]), float(span[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            out.append((msg.get("worker"), a, b))
     return out
 
 
@@ -153,6 +194,13 @@ def _records_on_scheduler(dask_scheduler, start_index: int, keys: list[str]) -> 
     wanted = set(keys)
     return [{"key": r["key"], "worker": r.get("worker"), "startstops": list(r.get("startstops") or ())}
             for r in plugin.collect(start_index=start_index) if original_key(r["key"]) in wanted]
+
+
+def _waits_on_scheduler(dask_scheduler, since: float) -> list[dict]:
+    """The rung-wait messages (``graph.iterative.WAIT_TOPIC``) the scheduler logged since ``since``."""
+    from .iterative import WAIT_TOPIC
+
+    return [msg for t, msg in dask_scheduler.get_events(WAIT_TOPIC) if t >= since]
 
 
 class Collector:
@@ -203,7 +251,9 @@ class Collector:
             records = within(deadline, self.client.run_on_scheduler, _records_on_scheduler, start_index=self.index,
                              keys=keys, what="reading the task stream")
             threads = within(deadline, self.client.nthreads, what="counting the worker threads")
+            waits = within(deadline, self.client.run_on_scheduler, _waits_on_scheduler, since=self.start,
+                           what="reading the rung waits")
         except (NoAnswer, OSError):
             return None
         return breakdown(records, self.start, end, threads, source_keys(compiled.graph), key_of=original_key,
-                         imports=self.imports)
+                         imports=self.imports, waits=wait_spans(waits, keys, key_of=original_key))

@@ -19,8 +19,9 @@ wrapped in :class:`Iterative`:
   Both live on the scheduler, so a generator that Dask restarts after its worker died
   finds every answer already given when it replays (it never waits twice for one rung, and
   never gets a different answer);
-* the seconds it waited at rungs are sent on :data:`WAIT_TOPIC` when it ends, so the run's
-  ``seconds`` count what the step computed, not its waits;
+* the seconds it waited at rungs are sent on :data:`WAIT_TOPIC` when it ends (with its worker
+  and each wait's ``(start, stop)`` in the worker's clock), so the run's ``seconds`` count what
+  the step computed, not its waits, and the time breakdown (``graph.breakdown``) shows them;
 * on ``"stop"`` the generator is closed (its ``finally`` runs) and the task returns
   :class:`Pruned` at once, freeing its worker thread for the next task;
 * between iterations, a task the run has cancelled (its future released) closes its
@@ -80,7 +81,8 @@ logger = logging.getLogger(__name__)
 #: The event-log topic reports travel on (one message per report).
 REPORT_TOPIC = "quiver-report"
 #: The topic an iterative task sends, when it ends, the seconds it spent waiting at rungs on
-#: (``{"key", "seconds"}``): :class:`graph.monitor.RunMonitor` leaves them out of its compute.
+#: (``{"key", "seconds", "worker", "spans"}``, ``spans``: each wait's ``(start, stop)``):
+#: :class:`graph.monitor.RunMonitor` leaves them out of its compute, ``graph.breakdown`` shows them.
 WAIT_TOPIC = "quiver-wait"
 CONTINUE, STOP = "continue", "stop"
 #: Seconds a step waits on its gate between checks that its task was not cancelled.
@@ -121,6 +123,7 @@ class _Task:
     """The Dask side of one running iterative task (a no-op outside a worker)."""
 
     waited = 0.0  # seconds spent waiting for answers at rungs (not computing); also for subclasses
+    spans: tuple = ()  # (start, stop) of each wait at a rung, in the worker's clock (time.time); also for subclasses
 
     def __init__(self) -> None:
         from gpu.worker import current_task, current_worker
@@ -158,17 +161,19 @@ class _Task:
         adding the seconds waited to ``waited``."""
         if not self.live:
             return CONTINUE
-        start = time.perf_counter()
+        start, began = time.perf_counter(), time.time()
         try:
             return self._answer(iteration)
         finally:
             self.waited += time.perf_counter() - start
+            self.spans = (*self.spans, (began, time.time()))  # a new tuple: the class default stays empty
 
     def send_waited(self) -> None:
         """Tell the run's monitor how long this task waited at rungs (sent before the task
         ends, on the same stream as its end, so the monitor has it when the task finishes)."""
         if self.live and self.waited > 0:
-            self.worker.log_event(WAIT_TOPIC, {"key": str(self.key), "seconds": self.waited})
+            self.worker.log_event(WAIT_TOPIC, {"key": str(self.key), "seconds": self.waited,
+                                               "worker": self.worker.address, "spans": list(self.spans)})
 
     def _answer(self, iteration: int) -> str:
         from distributed import Event, Variable, get_client

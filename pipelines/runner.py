@@ -69,13 +69,16 @@ def run_node(
         timing.begin()
         _ready_cluster(c, compiled, pack, modules)
         timing.imported()
+        from graph import sharedcopies
         from graph.dashboard.plugin import run_memory
-
         from graph.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
             takeovers = None
+            copies = None
             try:
+                # what several training steps read is copied to every worker as soon as it exists
+                copies = sharedcopies.install(c, compiled, budgeted=memory_budget is not None)
                 record = execute(
                     compiled,
                     c,
@@ -97,8 +100,11 @@ def run_node(
             finally:
                 step_warnings = replay(seen, compiled)
                 takeovers = _forget_claims(c, compiled)
+                copied = sharedcopies.remove(c, copies)  # on every path: the plugin lives for one run
         record.stats["time_breakdown"] = timing.finish(compiled)
         record.stats["worker_memory"] = run_memory(c, record.run_id)  # per worker over time (graph.memory.timeline)
+        # copies of shared inputs asked for ahead of their readers: {key: [worker, ...]}
+        record.stats["shared_copies"] = copied
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

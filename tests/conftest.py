@@ -79,7 +79,6 @@ SLOW_FILES = {
     "test_memory_choose.py": "budgeted runs on clusters of their own, a budget that stops one",
     "test_memory_frames.py": "1200 MiB of DataFrames",
     "test_packing.py": "packed training groups, a killed worker",
-    "test_placement.py": "placement over several workers",
     "test_prune_run.py": "pruned training runs",
     "test_report.py": "matplotlib reports of real runs",
     "test_store.py": "runs and reruns with a store",

@@ -187,22 +187,25 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
     """A new embedded cluster and its client, with Quiver's dashboard pages and log digest."""
     import dask
 
-    from .workerenv import embedded_environ
+    from .workerenv import embedded_environ, environ_restored
     from .workerstart import start_workers
 
     ours = embedded_environ(memory_budget)
     spawn_config = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
     variables = set(ours) | set(spawn_config)
-    before = {k: os.environ.get(k) for k in variables}
-    with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}):
-        # Dask's nanny lets this process's environment override its config, and a nanny that
-        # restarted a worker earlier (another cluster, a budgeted run) leaves its values there:
-        # say ours in the environment too, for the nannies' start
-        os.environ.update(ours)
+    # Dask's nanny lets this process's environment override its config, and a nanny that restarted
+    # a worker earlier (another cluster, a budgeted run) leaves its values there: say ours in the
+    # environment too, for the nannies' start. Dask's nannies also write the workers' variables
+    # into this process's environment: it is put back afterwards, so that processes this one
+    # starts later (scikit-learn's joblib workers, a subprocess) get their allocator and thread
+    # settings from the user, not Dask
+    with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}), \
+            environ_restored(variables, ours):
         # what the workers' processes must start with (as the nanny will compute it): forks of
         # Quiver's prepared process only when that process started with the same
         needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))
                   for k in sorted(variables)}
+
         def make(method: str) -> Any:
             if method == "forkserver":
                 # a fork keeps its server's environment: the rest of this process's (what a
@@ -210,19 +213,9 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
                 return LocalCluster(**dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables}))
             return LocalCluster(**kwargs)
 
-        try:
-            cluster, method = start_workers(make, needed, preload)
-            if info is not None:
-                info["start_method"] = method
-        finally:
-            # Dask's nannies write the workers' variables into this process's environment too:
-            # put it back, so that processes this one starts later (scikit-learn's joblib
-            # workers, a subprocess) get their allocator and thread settings from the user, not Dask
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        cluster, method = start_workers(make, needed, preload)
+        if info is not None:
+            info["start_method"] = method
         try:
             c = Client(cluster)
         except BaseException:  # re-raised: the cluster without a client is closed first

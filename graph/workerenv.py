@@ -38,13 +38,16 @@ calls ``mallopt``; it stays for the workers' lifetime and for workers that join 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
     "DASK_MMAP_THRESHOLD",
+    "environ_restored",
     "MMAP_THRESHOLD",
     "WorkerAllocator",
     "embedded_environ",
@@ -89,6 +92,35 @@ def embedded_environ(memory_budget: Any = None) -> dict[str, str]:
     if memory_budget is not None or not nbytes:
         nbytes = DASK_MMAP_THRESHOLD
     return {_ENV: str(nbytes)}
+
+
+@contextlib.contextmanager
+def environ_restored(names: Iterable[str], values: Mapping[str, str | None] | None = None) -> Iterator[None]:
+    """For the block, this process's environment has ``values`` (``None``: unset); afterwards the
+    variables in ``names`` and ``values`` are as they were before (whoever changed them meanwhile:
+    Dask's nanny writes its workers' variables into the starting process's environment).
+
+    >>> with environ_restored(["QUIVER_DOC_PROBE"], {"QUIVER_DOC_PROBE": "1"}):
+    ...     os.environ["QUIVER_DOC_PROBE"]
+    '1'
+    >>> "QUIVER_DOC_PROBE" in os.environ
+    False
+    """
+    values = dict(values or {})
+    before = {k: os.environ.get(k) for k in set(names) | set(values)}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _libc() -> Any:

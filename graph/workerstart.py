@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .forkserver_preload import VARIABLE
+from .workerenv import environ_restored
 
 __all__ = ["OWN_PACKAGES", "preloadable", "start_method", "start_workers"]
 
@@ -154,16 +155,5 @@ def _start_server(environ: Mapping[str, str | None]) -> None:
     this process starts the scheduler (the first worker's start waits for them)."""
     from multiprocessing import forkserver
 
-    before = {k: os.environ.get(k) for k in environ}
-    os.environ.update({k: v for k, v in environ.items() if v is not None})
-    for k, v in environ.items():
-        if v is None:
-            os.environ.pop(k, None)
-    try:
+    with environ_restored(environ, environ):
         forkserver.ensure_running()
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -213,7 +213,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
                 return LocalCluster(**dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables}))
             return LocalCluster(**kwargs)
 
-        cluster, method = start_workers(make, needed, preload)
+        cluster, method = start_workers(make, needed, preload, budgeted=memory_budget is not None)
         if info is not None:
             info["start_method"] = method
         try:

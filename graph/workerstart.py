@@ -14,8 +14,9 @@ Two rules keep it correct (:func:`start_method`, :func:`preloadable`; pure):
 
 - The server's environment is fixed when it starts (the allocator and thread variables a worker
   must have before its process starts: :mod:`graph.workerenv`).  A cluster whose workers need
-  other values (a ``memory_budget``'s allocator setting, a changed config) is started with
-  ``spawn``, as Dask does.
+  other values (a changed config) is started with ``spawn``, as Dask does; so is one under a
+  ``memory_budget``, whose workers' memory is measured as their resident pages (a fork's include
+  every page it shares with the server).
 - Only modules of installed packages (and the standard library, and Quiver itself) are imported
   in the server: a module of the user's own (a script's helper, a notebook's edited file) is
   imported fresh by each worker, so a later cluster never runs a stale copy.
@@ -65,13 +66,16 @@ _BROKEN = {"<broken>": "the server failed: spawn"}  # never equal to a real envi
 
 
 def start_method(environ: Mapping[str, str | None], server_environ: Mapping[str, str | None] | None,
-                 available: bool, configured: str = "forkserver") -> str:
+                 available: bool, configured: str = "forkserver", budgeted: bool = False) -> str:
     """``"forkserver"`` when workers that need ``environ`` can be forks of the server (none
-    started yet, or one started with the same values), else Dask's ``"spawn"``."""
+    started yet, or one started with the same values), else Dask's ``"spawn"``.  A cluster
+    under a memory budget is always spawned: a fork's resident memory counts the pages it
+    shares with the server (every module the server imported), which Dask's memory monitor and
+    the budget would charge to the worker."""
     if configured not in ("forkserver", "spawn"):
         raise ValueError(f"dask config {_CONFIG!r} = {configured!r}: give 'forkserver' (workers forked from "
                          f"one prepared process) or 'spawn' (Dask's default)")
-    if configured == "spawn" or not available:
+    if configured == "spawn" or not available or budgeted:
         return "spawn"
     if server_environ is not None and dict(server_environ) != dict(environ):
         return "spawn"
@@ -100,7 +104,8 @@ def _configured() -> str:
     return str(dask.config.get(_CONFIG, default="forkserver"))
 
 
-def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], modules: Iterable[str] = ()) -> tuple[T, str]:
+def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], modules: Iterable[str] = (),
+                  budgeted: bool = False) -> tuple[T, str]:
     """``(make(method), method)``: ``make`` starts a cluster whose nannies (Dask's) start their
     workers with ``method``, forks of Quiver's server (started on first use with the
     ``modules`` :func:`preloadable` allows, already imported here) where :func:`start_method`
@@ -113,7 +118,7 @@ def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], m
     global _server_environ
     available = "forkserver" in multiprocessing.get_all_start_methods() and _server_environ is not _BROKEN
     with _lock:
-        method = start_method(environ, _server_environ, available, _configured())
+        method = start_method(environ, _server_environ, available, _configured(), budgeted)
         if method == "forkserver" and _server_environ is None:
             import distributed.utils
 

@@ -31,6 +31,8 @@ def test_spawn_when_the_environment_differs_the_platform_lacks_it_or_config_says
     assert start_method(dict(ENV_FAST, OMP_NUM_THREADS=None), ENV_FAST, available=True) == "spawn"
     assert start_method(ENV_FAST, None, available=False) == "spawn"
     assert start_method(ENV_FAST, None, available=True, configured="spawn") == "spawn"
+    # under a memory budget a fork's resident memory would count the server's pages as the worker's
+    assert start_method(ENV_FAST, ENV_FAST, available=True, budgeted=True) == "spawn"
 
 
 def test_a_bad_start_method_names_the_config_key_and_the_choices():
@@ -111,7 +113,7 @@ def test_embedded_workers_are_forks_with_installed_step_modules_and_this_process
     assert [w["var"] for w in second["workers"]] == ["set-after-the-server-started"]
     assert second["workers"][0]["ppid"] == first["workers"][0]["ppid"]
 
-    budget = out["budget"]              # other allocator setting: Dask's spawn, from this process
+    budget = out["budget"]              # a memory budget: Dask's spawn, from this process
     assert budget["method"] == "spawn"
     assert budget["workers"][0]["ppid"] == me and budget["workers"][0]["mmap"] == "131072"
 

@@ -247,8 +247,16 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+def _missing(x) -> bool:
+    """``None`` or NaN: a table cell with nothing in it (pandas gives a column of strings NaN for
+    its empty cells and a column of objects ``None``: which depends on the other rows)."""
+    return x is None or _nan(x)
+
+
 def _equal(a, b) -> bool:
-    """Exact equality of plain values, numpy arrays and NaN (equal to itself)."""
+    """Exact equality of plain values, numpy arrays and empty cells (``None`` and NaN alike)."""
+    if _missing(a) and _missing(b):
+        return True
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):

@@ -104,10 +104,14 @@ def test_unknown_fault_kinds_are_refused_by_name():
         chaos.draw_fault(0, 0, ("worker_kill", "disk_full"), 5)
 
 
-def test_equal_compares_arrays_and_nan_exactly():
+def test_equal_compares_arrays_exactly_and_empty_cells_alike():
     np = pytest.importorskip("numpy")
     assert chaos._equal({"a": np.arange(3.0), "b": math.nan}, {"a": np.arange(3.0), "b": math.nan})
     assert not chaos._equal({"a": np.arange(3.0)}, {"a": np.arange(3.0) + 1e-12})
+    # an empty cell is None or NaN depending on the column's dtype (pandas): both are empty
+    assert chaos._equal({"failed_step": None}, {"failed_step": math.nan})
+    assert not chaos._equal({"failed_step": "choose('accuracy')"}, {"failed_step": math.nan})
+    assert not chaos._equal({"failed_step": "choose('accuracy')"}, {"failed_step": None})
 
 
 @pytest.mark.slow

@@ -105,6 +105,10 @@ def hog(x, mb):
     keep = getattr(builtins, "_quiver_test_hog", [])
     keep.append(np.ones(mb * 2**20 // 8))
     builtins._quiver_test_hog = keep
+    if mb >= 100:
+        # stay running until Dask's memory monitor (every 100 ms) has paused the worker: the other
+        # branch must not start in between (a branch is one task now, its metric sent with it)
+        time.sleep(1.0)
     return {"score": float(x)}
 
 

@@ -138,8 +138,9 @@ def test_a_budgeted_run_with_large_temporaries_stays_under_the_pause_line():
     node = (Pipeline("temps").source(seed)
             .explore("g", grid(grow, i=list(range(8)), mb=[360], keep_mb=[80]))
             .choose("score", mode="max"))
-    free = node.run(workers=2, memory_limit=640 * MiB, quiet=True, progress=False)
-    assert free.stats["worker_pauses"] >= 1  # the same workers without the budget's admission pause
+    # without the budget the same workers paused 2-3 times when this was written; since a branch
+    # is one task (its metric sent with it) the choose lets losers go sooner and whether the
+    # unbudgeted run pauses depends on timing, so that control is no longer asserted
     r = node.run(workers=2, memory_budget=1280 * MiB, quiet=True, progress=False)
     s = r.stats
     assert r.value["score"] == 7.0 and s["failed_branches"] == 0

@@ -80,6 +80,18 @@ class NextUses:
         return u[i] if i < len(u) else -1.0
 
 
+def evictable(fast: Any) -> list:
+    """The keys a worker's in-memory results may be evicted from, least recently used first
+    (those a ``zict.LRU`` is not told to keep)."""
+    return [k for k in fast.order if k not in getattr(fast, "_cancel_evict", ())]
+
+
+def planned_rank(fast: Any, plan: NextUses) -> Any:
+    """The victim rule under a plan (the one owner): the key needed furthest in the future goes
+    first, the heavier on a tie; a sort key, largest first."""
+    return lambda k: (plan.rank(k), fast.weights.get(k, 0))
+
+
 class PlannedLRU(zict.LRU):
     """``zict.LRU`` that, with a plan installed, evicts the key needed furthest in the future."""
 
@@ -89,9 +101,9 @@ class PlannedLRU(zict.LRU):
     def evict(self, key: Any = zict.common.nodefault):  # type: ignore[override]
         plan = self.plan
         if key is zict.common.nodefault and plan is not None and not self.heavy:
-            candidates = [k for k in self.order if k not in self._cancel_evict]
+            candidates = evictable(self)
             if candidates:
-                key = max(candidates, key=lambda k: (plan.rank(k), self.weights.get(k, 0)))
+                key = max(candidates, key=planned_rank(self, plan))
         # the undecorated LRU.evict: one lock level, which zict releases while writing to disk
         return zict.LRU.evict.__wrapped__(self, key)
 

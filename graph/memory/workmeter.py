@@ -30,6 +30,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .sizes import step_of
+from .spill import evictable, planned_rank
 from .working import WORKING_TOPIC, room_to_make, working_of
 
 __all__ = ["WorkingMemoryPlugin", "update_working_on_worker"]
@@ -164,9 +165,9 @@ def _victim_order(fast: Any) -> list:
     """The keys a worker's in-memory results would be evicted in: the installed plan's order
     (graph.memory.spill.PlannedLRU: furthest next use first), else least recently used first."""
     plan = getattr(fast, "plan", None)
-    keys = [k for k in fast.order if k not in getattr(fast, "_cancel_evict", ())]
+    keys = evictable(fast)
     if plan is not None:
-        keys.sort(key=lambda k: (plan.rank(k), fast.weights.get(k, 0)), reverse=True)
+        keys.sort(key=planned_rank(fast, plan), reverse=True)  # the order PlannedLRU.evict takes them in
     return keys
 
 

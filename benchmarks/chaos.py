@@ -293,7 +293,10 @@ def judge(outcome: dict, ref: dict, finals: dict, *, stall: float, fault_at: flo
         return "hang", "no end within the outer limit"
     if kind == "result":
         diff = same_result(outcome["result"], ref, finals)
-        return ("same", "") if diff is None else ("wrong", diff)
+        if diff is None:
+            return "same", ""
+        errors = [f"row {i}: {e}" for i, e in enumerate(outcome["result"].get("errors") or []) if e]
+        return "wrong", diff + (f" (errors: {'; '.join(errors)[:600]})" if errors else "")
     if kind == "RunError":
         msg = str(outcome.get("message", ""))
         if not msg.strip() or "\n" in msg.strip():
@@ -338,7 +341,9 @@ def passed(records: list[dict]) -> bool:
 def summary(result) -> dict:
     """What a run is judged on: the table's rows without timings, and the chosen value."""
     table = result.table.drop(columns=[c for c in ("seconds", "error", "traceback") if c in result.table.columns])
-    return {"rows": table.to_dict("records"), "value": result.value}
+    errors = result.table["error"].tolist() if "error" in result.table.columns else []
+    return {"rows": table.to_dict("records"), "value": result.value,
+            "errors": [e if isinstance(e, str) else None for e in errors]}
 
 
 def client_main(args) -> int:

@@ -296,7 +296,7 @@ def judge(outcome: dict, ref: dict, finals: dict, *, stall: float, fault_at: flo
         if diff is None:
             return "same", ""
         errors = [f"row {i}: {e}" for i, e in enumerate(outcome["result"].get("errors") or []) if e]
-        return "wrong", diff + (f" (errors: {'; '.join(errors)[:600]})" if errors else "")
+        return "wrong", diff + (f" (errors: {'; '.join(errors)[:3000]})" if errors else "")
     if kind == "RunError":
         msg = str(outcome.get("message", ""))
         if not msg.strip() or "\n" in msg.strip():
@@ -341,9 +341,12 @@ def passed(records: list[dict]) -> bool:
 def summary(result) -> dict:
     """What a run is judged on: the table's rows without timings, and the chosen value."""
     table = result.table.drop(columns=[c for c in ("seconds", "error", "traceback") if c in result.table.columns])
-    errors = result.table["error"].tolist() if "error" in result.table.columns else []
-    return {"rows": table.to_dict("records"), "value": result.value,
-            "errors": [e if isinstance(e, str) else None for e in errors]}
+    t = result.table
+    errors = [e if isinstance(e, str) else None for e in (t["error"] if "error" in t.columns else [None] * len(t))]
+    tracebacks = t["traceback"].tolist() if "traceback" in t.columns else [None] * len(t)
+    # a failed row's error with its traceback's last lines: what a flaky failure raised, and where
+    errors = [e and (e + (" | " + tb[-1500:] if isinstance(tb, str) else "")) for e, tb in zip(errors, tracebacks)]
+    return {"rows": table.to_dict("records"), "value": result.value, "errors": errors}
 
 
 def client_main(args) -> int:
@@ -677,7 +680,7 @@ def reference(workdir: Path, stall: float, pause: float) -> dict:
 
 
 def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir: Path, only: list[int] | None = None,
-             pause: float = 0.15, echo=print) -> dict:
+             pause: float = 0.15, echo=print, keep_logs: Path | None = None) -> dict:
     ref = reference(workdir, stall, pause)
     echo(f"fault-free run: {ref['seconds']:.1f} s, chosen {ref['summary']['value']}, {len(ref['truth'])} stored results")
     records = []
@@ -691,6 +694,11 @@ def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir
                        store=store, stall=stall, fault=fault, at=at, outer=outer, pause=pause)
         verdict, why = judge(raw["outcome"], ref["summary"], ref["finals"], stall=stall, fault_at=raw["fault_at"])
         store_errors = check_store(store, ref["truth"]) if store.exists() else []
+        if keep_logs is not None and verdict not in ("same", "runerror"):  # the cluster's and client's logs, kept
+            kept = keep_logs / f"run-{i}"
+            kept.mkdir(parents=True, exist_ok=True)
+            for f in (workdir / f"run-{i}").glob("*.log"):
+                shutil.copy(f, kept / f.name)
         ended = raw["outcome"].get("ended")
         rec = {"run": i, "fault": asdict(fault), "at": at, "verdict": verdict, "why": why, "fault_at": raw["fault_at"],
                "after_fault": None if ended is None or raw["fault_at"] is None else round(ended - raw["fault_at"], 1),
@@ -789,7 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     only = [int(x) for x in args.only.split(",") if x.strip()] or list(range(args.first, args.first + runs))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="quiver-chaos-") as tmp:
-        report = campaign(len(only), args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause)
+        logs = Path(args.output).with_name(Path(args.output).stem + "-logs")  # a wrong run's logs
+        report = campaign(len(only), args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause,
+                          keep_logs=logs)
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     report["commands"] = ["python benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])]
     report["load_average"] = [round(x, 1) for x in os.getloadavg()]

@@ -128,7 +128,9 @@ def test_one_run_per_fault_kind_ends_right_and_leaves_nothing(tmp_path):
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     bad = [r for r in report["records"] if r["verdict"] not in ("same", "runerror") or r["leftovers"] or r["store_errors"]]
-    assert not bad, json.dumps(bad, indent=1)[:4000]
+    logs = "".join(f"\n--- {f.relative_to(tmp_path)}\n" + f.read_text()[-3000:]
+                   for f in sorted((tmp_path / "chaos-logs").glob("*/*.log")))  # a wrong run's cluster logs
+    assert not bad, json.dumps(bad, indent=1)[:6000] + logs[-12000:]
     assert report["passed"] and proc.returncode == 0
     kinds = {r["fault"]["kind"] for r in report["records"]}
     assert kinds >= {"worker_kill", "worker_kill2", "worker_stop", "scheduler_stop"}

@@ -709,7 +709,7 @@ def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir
         echo(f"run {i:3d} {fault.kind:15s} at {at:5.2f} s hold {fault.hold:5.2f} {fault.then:4s} -> {verdict:8s}"
              f" ended {rec['ended'] if rec['ended'] is None else round(rec['ended'], 1)} s"
              f"{' (no fault: the run ended first)' if raw['fault_at'] is None else ''}"
-             f"{' ' + why[:110] if why else ''}{flag}")
+             f"{' ' + (why if flag else why[:110]) if why else ''}{flag}")  # a wrong run's why in full
         for what in raw["leftovers"] + store_errors:
             echo(f"        {what}")
         if flag:

@@ -9,9 +9,14 @@ and only that, means "not in a task" here. Any other error is a real one and pro
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["current_task", "current_worker", "task_cancelled"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["current_task", "current_worker", "task_cancelled", "task_client"]
 
 
 def current_worker() -> Any:
@@ -48,3 +53,35 @@ def task_cancelled(worker: Any = None, key: str | None = None) -> bool:
         return False
     ts = worker.state.tasks.get(key)
     return ts is None or ts.state in _UNWANTED
+
+
+#: how often :func:`task_client` asks again while Dask cannot hand out the worker's client
+CLIENT_RETRY_S = 0.5
+
+
+def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT_RETRY_S) -> Any:
+    """The worker's client, for the task this thread runs, or ``None`` once ``stop()`` says the
+    run no longer wants the task.
+
+    ``distributed.get_client()`` in a task makes the worker's client on first use and asserts
+    that it is running; right after a fault (a restarted worker, a worker whose link to the
+    scheduler was down or that was stopped) that client may still be connecting, and the bare
+    ``AssertionError`` would fail a training branch that nothing was wrong with. This asks again
+    every ``retry`` s while the worker runs; a worker that is closing reschedules the task
+    (``distributed.Reschedule``: Dask runs it elsewhere, as after a worker's death).
+    """
+    from distributed import Reschedule, get_client
+    from distributed.core import Status
+
+    while True:
+        try:
+            return get_client()
+        except Exception as exc:  # retried or rescheduled below: Dask's own error, not the step's
+            worker = current_worker()
+            if worker is not None and worker.status not in (Status.running, Status.paused):
+                raise Reschedule() from exc
+            if stop():
+                return None
+            logger.info("quiver: the worker's client is not ready (%s: %s); asking again in %g s",
+                        type(exc).__name__, exc, retry)
+            time.sleep(retry)

@@ -176,12 +176,16 @@ class _Task:
                                                "worker": self.worker.address, "spans": list(self.spans)})
 
     def _answer(self, iteration: int) -> str:
-        from distributed import Event, Variable, get_client
+        from distributed import Event, Variable
 
-        client = get_client()
+        from gpu.worker import task_client
+
+        client = task_client(self.cancelled)  # waits while a fault leaves the worker's client connecting
+        if client is None:
+            return STOP
         name = gate_name(str(self.key), iteration)
         answered = Event(name, client=client)
-        while not answered.wait(timeout=GATE_POLL_S):
+        while not _asked(answered.wait, GATE_POLL_S, False):
             if self.cancelled():
                 return STOP
             # again: the run that heard it may have ended unanswered, and Dask may have handed this
@@ -192,10 +196,27 @@ class _Task:
             # with a timeout: the run deletes its answers when it ends (ReportChannel.close), maybe
             # between this event and this read; an untimed get would then hold the thread forever
             try:
-                return variable.get(timeout=GATE_POLL_S)
+                answer = _asked(variable.get, GATE_POLL_S, None)
             except TimeoutError:
-                if self.cancelled():
-                    return STOP
+                answer = None
+            if answer is not None:
+                return answer
+            if self.cancelled():
+                return STOP
+
+
+def _asked(call: Callable, timeout: float, otherwise: Any) -> Any:
+    """``call(timeout=timeout)``, a question to the scheduler from a task waiting at a rung;
+    ``otherwise`` when the worker's link to the scheduler broke meanwhile (a network fault, the
+    scheduler busy past the comm timeout): the wait goes on, the run decides whether to stop it."""
+    try:
+        return call(timeout=timeout)
+    except TimeoutError:  # no answer yet (an OSError too): the caller's to handle
+        raise
+    except OSError as exc:  # Dask's CommClosedError and connection timeouts: asked again by the caller
+        logger.info("quiver: a rung's question to the scheduler failed (%s: %s); asking again", type(exc).__name__, exc)
+        time.sleep(timeout)
+        return otherwise
 
 
 class Iterative:

@@ -165,10 +165,9 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
             return [], out
 
         return take
-    from distributed import get_client
+    from gpu.worker import task_client
 
-
-    client = get_client()
+    client = task_client(lambda: False)  # waits while a fault leaves the worker's client connecting
 
     def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list]:
         lost, got = client.run_on_scheduler(claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt,
@@ -275,14 +274,15 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, m
     data shapes, shared arguments and group size, in this run and in later runs on the same
     cluster. A lock per key makes packed tasks starting together wait for one tuning instead of
     each measuring throughput while the others do (on shared cores they would disturb each other)."""
-    from distributed import Lock, get_client
+    from distributed import Lock
 
     from gpu.packing import PackedTrainer, members_memo_key
+    from gpu.worker import task_client
 
     key = members_memo_key(model, data, shared, most)
     if key is None:
         return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
-    client = get_client()
+    client = task_client(lambda: False)
     with Lock(f"quiver-members-{key[-1]}"):
         memo = client.get_metadata(key, default=None)
         if memo is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,3 +51,52 @@ def test_only_gpu_worker_calls_get_worker():
                 if re.search(r"\bget_worker\(\)", line) and "``" not in line:
                     calls.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert calls == []
+
+
+def _client_after_failures(failures: int, stop_after: int | None = None):
+    """In a task: ``distributed.get_client`` fails ``failures`` times the way a worker's client
+    that is still connecting after a fault does (Dask asserts it is running: a bare
+    ``AssertionError``), then works; ``task_client`` waits it out (or stops when told to)."""
+    import distributed
+
+    from gpu import worker as gw
+
+    real, calls = distributed.get_client, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise AssertionError()
+        return real(*a, **k)
+
+    distributed.get_client = flaky
+    try:
+        stop = (lambda: len(calls) >= stop_after) if stop_after else (lambda: False)
+        got = gw.task_client(stop, retry=0.01)
+    finally:
+        distributed.get_client = real
+    return {"calls": len(calls), "scheduler": None if got is None else got.scheduler.address}
+
+
+def test_a_tasks_client_is_waited_for_while_a_fault_leaves_it_connecting(client):
+    got = client.submit(_client_after_failures, 3, key="quiver-client-probe", pure=False).result()
+    assert got == {"calls": 4, "scheduler": client.scheduler.address}  # three failures, then the client
+    stopped = client.submit(_client_after_failures, 10**6, 2, key="quiver-client-stop", pure=False).result()
+    assert stopped == {"calls": 2, "scheduler": None}  # the run let the task go: no client, no error
+
+
+def test_a_rung_wait_asks_again_after_a_broken_link_but_not_after_no_answer():
+    from distributed.comm.core import CommClosedError
+
+    from graph.iterative import _asked
+
+    def broken(timeout):
+        raise CommClosedError("in <TCP (closed) ConnectionPool.event_wait>: Stream is closed")
+
+    def silent(timeout):
+        raise TimeoutError()
+
+    assert _asked(broken, 0.01, "again") == "again"  # the link broke: the wait goes on
+    assert _asked(lambda timeout: "stop", 0.01, "again") == "stop"
+    with pytest.raises(TimeoutError):  # no answer yet is the caller's (also an OSError in Python)
+        _asked(silent, 0.01, "again")

@@ -680,7 +680,7 @@ def reference(workdir: Path, stall: float, pause: float) -> dict:
 
 
 def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir: Path, only: list[int] | None = None,
-             pause: float = 0.15, echo=print, keep_logs: Path | None = None) -> dict:
+             pause: float = 0.15, echo=print) -> dict:
     ref = reference(workdir, stall, pause)
     echo(f"fault-free run: {ref['seconds']:.1f} s, chosen {ref['summary']['value']}, {len(ref['truth'])} stored results")
     records = []
@@ -694,11 +694,6 @@ def campaign(runs: int, seed: int, kinds: tuple[str, ...], stall: float, workdir
                        store=store, stall=stall, fault=fault, at=at, outer=outer, pause=pause)
         verdict, why = judge(raw["outcome"], ref["summary"], ref["finals"], stall=stall, fault_at=raw["fault_at"])
         store_errors = check_store(store, ref["truth"]) if store.exists() else []
-        if keep_logs is not None and verdict not in ("same", "runerror"):  # the cluster's and client's logs, kept
-            kept = keep_logs / f"run-{i}"
-            kept.mkdir(parents=True, exist_ok=True)
-            for f in (workdir / f"run-{i}").glob("*.log"):
-                shutil.copy(f, kept / f.name)
         ended = raw["outcome"].get("ended")
         rec = {"run": i, "fault": asdict(fault), "at": at, "verdict": verdict, "why": why, "fault_at": raw["fault_at"],
                "after_fault": None if ended is None or raw["fault_at"] is None else round(ended - raw["fault_at"], 1),
@@ -797,9 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     only = [int(x) for x in args.only.split(",") if x.strip()] or list(range(args.first, args.first + runs))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="quiver-chaos-") as tmp:
-        logs = Path(args.output).with_name(Path(args.output).stem + "-logs")  # a wrong run's logs
-        report = campaign(len(only), args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause,
-                          keep_logs=logs)
+        report = campaign(len(only), args.seed, kinds, args.stall_timeout, Path(tmp), only=only, pause=args.pause)
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     report["commands"] = ["python benchmarks/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])]
     report["load_average"] = [round(x, 1) for x in os.getloadavg()]

@@ -100,9 +100,9 @@ class GangContext:
 def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: tuple,
             kwargs: dict, timeout: float, admission_timeout: float | None, algorithm: str) -> Any:
     """The task each member runs: listen, check in, wait for the peers, connect, call ``fn``."""
-    from distributed import Event, Queue, Variable, get_client
+    from distributed import Event, Queue, Variable
 
-    from .worker import current_worker, task_cancelled
+    from .worker import current_worker, task_cancelled, task_client
 
     began = time.perf_counter()
     worker = current_worker()
@@ -111,7 +111,7 @@ def _member(name: str, rank: int, workers: tuple[str, ...], fn: Callable, args: 
     size = len(workers)
     coll = Collective(rank, size, timeout=timeout, group=name, algorithm=algorithm, worker=worker)
     try:
-        client = get_client()
+        client = task_client(lambda: False)  # waits while a fault leaves the worker's client connecting
         checkin = Queue(f"{name}-checkin", client=client)
         # how long this member took from starting to checking in: the client subtracts it from
         # the check-in's arrival to tell when the member started (no clocks compared)
@@ -213,9 +213,11 @@ def gang_client(client: Any = None):
         yield held
         return
     if _inside_task():
-        from distributed import get_client, secede
+        from distributed import secede
 
-        wc = get_client()
+        from .worker import task_client
+
+        wc = task_client(lambda: False)
         try:
             secede()
         except KeyError:  # seceded already (an earlier gang in this task)

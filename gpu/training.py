@@ -191,9 +191,11 @@ def _train_member(ctx, data, model, cfg: TrainConfig, resume, checkpoint_name, t
     if run is None:
         return _drain(epochs)
     import torch
-    from distributed import Event, Queue, get_client
+    from distributed import Event, Queue
 
-    client = get_client()
+    from .worker import task_client
+
+    client = task_client(lambda: False)  # a gang member's task: waits while a fault leaves the client connecting
     queue = Queue(f"{run}-epochs", client=client) if ctx.rank == 0 else None
     stop_event = Event(f"{run}-stop", client=client)
 

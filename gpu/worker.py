@@ -63,9 +63,11 @@ def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT
     """The worker's client, for the task this thread runs, or ``None`` once ``stop()`` says the
     run no longer wants the task.
 
-    ``distributed.get_client()`` in a task makes the worker's client on first use and asserts
-    that it is running; right after a fault (a restarted worker, a worker whose link to the
-    scheduler was down or that was stopped) that client may still be connecting, and the bare
+    ``distributed.get_client()`` in a task makes the worker's client on first use, and Dask's
+    client start asserts things a fault can make false: while the scheduler handles a lost or
+    stopped worker, its reply to the new client can hold more than the one message
+    ``Client._ensure_connected`` asserts (seen in ``benchmarks/chaos.py``; Dask's
+    ``Worker._get_client`` also asserts the new client is running). The bare
     ``AssertionError`` would fail a training branch that nothing was wrong with. This asks again
     every ``retry`` s while the worker runs; a worker that is closing reschedules the task
     (``distributed.Reschedule``: Dask runs it elsewhere, as after a worker's death).

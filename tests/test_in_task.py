@@ -54,9 +54,10 @@ def test_only_gpu_worker_calls_get_worker():
 
 
 def _client_after_failures(failures: int, stop_after: int | None = None):
-    """In a task: ``distributed.get_client`` fails ``failures`` times the way a worker's client
-    that is still connecting after a fault does (Dask asserts it is running: a bare
-    ``AssertionError``), then works; ``task_client`` waits it out (or stops when told to)."""
+    """In a task: ``distributed.get_client`` fails ``failures`` times the way a worker's new
+    client did in a chaos run after a fault (Dask's ``assert len(msg) == 1`` in
+    ``Client._ensure_connected``: a bare ``AssertionError``), then works; ``task_client`` waits it
+    out (or stops when told to)."""
     import distributed
 
     from gpu import worker as gw

@@ -32,6 +32,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .state.machine import runs_iterative
+
 __all__ = ["COPY_STIMULUS", "CopyShared", "copy_targets", "install", "remove", "shared_inputs", "training_keys"]
 
 logger = logging.getLogger(__name__)
@@ -81,10 +83,11 @@ def copy_targets(holder: str, workers: Iterable[str], readers: int, occupancy: M
 
 
 def training_keys(compiled: Any) -> set[str]:
-    """The compiled run's training tasks: its iterative steps' tasks (``graph.iterative.Iterative``
-    says so with ``__quiver_iterative_task__``) and its packed training tasks (``compiled.packed``)."""
+    """The compiled run's training tasks: its iterative steps' tasks (the state machine's rule,
+    :func:`graph.state.machine.runs_iterative`, which looks under a run's wrappers too) and its
+    packed training tasks (``compiled.packed``)."""
     graph = getattr(compiled, "graph", {})
-    found = {k for k, t in graph.items() if getattr(getattr(t, "func", None), "__quiver_iterative_task__", False)}
+    found = {k for k, t in graph.items() if runs_iterative(t)}
     return found | set(getattr(compiled, "packed", None) or ())
 
 

@@ -354,6 +354,6 @@ def test_collection_graph_entries_are_not_iterative_steps():
     scan for iterative steps skips them (it raised AttributeError on the big-table example)."""
     from dask.task_spec import Alias, DataNode
 
-    from graph.state.machine import _iterative_task
+    from graph.state.machine import runs_iterative
 
-    assert not _iterative_task(Alias("a", "b")) and not _iterative_task(DataNode("d", 3))
+    assert not runs_iterative(Alias("a", "b")) and not runs_iterative(DataNode("d", 3))

@@ -10,7 +10,7 @@ from dask.task_spec import Task
 from graph.iterative import Iterative
 from graph.rerun import RunOnce, is_rerun_safe, not_rerunnable
 from graph.shipping import ByValue
-from graph.state.machine import _iterative_task
+from graph.state.machine import runs_iterative
 from graph.tracebacks import step_functions
 from graph.transform import SaveResult
 from graph.wrappers import innermost, layers
@@ -54,8 +54,8 @@ def test_a_users_own_callable_is_not_looked_inside():
 
 
 def test_the_state_machine_sees_an_iterative_step_under_the_runs_wrappers():
-    assert _iterative_task(Task("k", run_wrapped(fit), 1))
-    assert not _iterative_task(Task("k", SaveResult(ByValue(functools.partial(side_effect)), "/tmp/x", "k"), 1))
+    assert runs_iterative(Task("k", run_wrapped(fit), 1))
+    assert not runs_iterative(Task("k", SaveResult(ByValue(functools.partial(side_effect)), "/tmp/x", "k"), 1))
 
 
 def test_the_rerun_rule_finds_a_mark_under_the_wrappers():

@@ -63,7 +63,7 @@ from .order import Target, priority, run_targets
 from .rows import RowState
 from .status import branch_status, end_status, final_status
 
-__all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status"]
+__all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status", "runs_iterative"]
 
 WAITING, SUBMITTED, DONE, FAILED = "waiting", "submitted", "done", "failed"
 #: what a run does when its first branches fail at a choose for the same reason
@@ -187,7 +187,7 @@ class ExplorationState:
         self.reports_taken = 0  # reports taken (each iteration of each key once)
         # iterative steps and pruning chooses (docs/architecture.md §7.2)
         self.history: dict[str, list[dict]] = defaultdict(list)  # key -> its reports, in iteration order
-        self.iterative = {k for k, t in compiled.graph.items() if _iterative_task(t)}
+        self.iterative = {k for k, t in compiled.graph.items() if runs_iterative(t)}
         self.halving: dict[int, Halving] = {}
         self.prune_inputs: dict[str, list[tuple[int, int]]] = defaultdict(list)  # key -> (choose, input)
         for cp in compiled.chooses:
@@ -969,7 +969,7 @@ class ExplorationState:
         return rows
 
 
-def _iterative_task(task: Any) -> bool:
+def runs_iterative(task: Any) -> bool:
     """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``, marked
     ``__quiver_iterative_task__``), also under the run's wrappers (``graph.wrappers``).
     Collections' ``Alias`` and ``DataNode`` entries have no ``func``: not iterative."""

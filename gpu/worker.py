@@ -80,7 +80,9 @@ def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT
             return get_client()
         except Exception as exc:  # retried or rescheduled below: Dask's own error, not the step's
             worker = current_worker()
-            if worker is not None and worker.status not in (Status.running, Status.paused):
+            if worker is None:  # not in a task: Dask's answer as it is
+                raise
+            if worker.status not in (Status.running, Status.paused):
                 raise Reschedule() from exc
             if stop():
                 return None

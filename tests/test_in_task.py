@@ -86,6 +86,19 @@ def test_a_tasks_client_is_waited_for_while_a_fault_leaves_it_connecting(client)
     assert stopped == {"calls": 2, "scheduler": None}  # the run let the task go: no client, no error
 
 
+def test_outside_a_task_dasks_own_error_is_not_waited_out(monkeypatch):
+    import distributed
+
+    from gpu.worker import task_client
+
+    def none(*a, **k):
+        raise ValueError("No global client found and no address provided")
+
+    monkeypatch.setattr(distributed, "get_client", none)  # Dask's answer outside a task with no client
+    with pytest.raises(ValueError, match="No global client found"):  # at once, not after retries
+        task_client(lambda: False, retry=60)
+
+
 def test_a_rung_wait_asks_again_after_a_broken_link_but_not_after_no_answer():
     from distributed.comm.core import CommClosedError
 

@@ -108,19 +108,20 @@ def environ_restored(names: Iterable[str], values: Mapping[str, str | None] | No
     """
     values = dict(values or {})
     before = {k: os.environ.get(k) for k in set(names) | set(values)}
+    _set_environ(values)
+    try:
+        yield
+    finally:
+        _set_environ(before)
+
+
+def _set_environ(values: Mapping[str, str | None]) -> None:
+    """Set each variable of ``values`` in this process's environment; ``None`` unsets it."""
     for k, v in values.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _libc() -> Any:

@@ -340,12 +340,15 @@ def passed(records: list[dict]) -> bool:
 
 def summary(result) -> dict:
     """What a run is judged on: the table's rows without timings, and the chosen value."""
-    table = result.table.drop(columns=[c for c in ("seconds", "error", "traceback") if c in result.table.columns])
     t = result.table
-    errors = [e if isinstance(e, str) else None for e in (t["error"] if "error" in t.columns else [None] * len(t))]
-    tracebacks = t["traceback"].tolist() if "traceback" in t.columns else [None] * len(t)
+    table = t.drop(columns=[c for c in ("seconds", "error", "traceback") if c in t.columns])
+
+    def column(name: str) -> list:
+        return t[name].tolist() if name in t.columns else [None] * len(t)
+
     # a failed row's error with its traceback's last lines: what a flaky failure raised, and where
-    errors = [e and (e + (" | " + tb[-1500:] if isinstance(tb, str) else "")) for e, tb in zip(errors, tracebacks)]
+    errors = [(e + (" | " + tb[-1500:] if isinstance(tb, str) else "")) if isinstance(e, str) else None
+              for e, tb in zip(column("error"), column("traceback"))]
     return {"rows": table.to_dict("records"), "value": result.value, "errors": errors}
 
 

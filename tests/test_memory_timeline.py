@@ -202,6 +202,6 @@ def test_a_budgeted_runs_samples_carry_the_plans_prediction_per_worker():
     workers = memory["timeline"]["workers"]
     assert len(workers) == 2 and {w["limit"] for w in workers.values()} == {plan.worker_memory_limit}
     managed = [sum(w["managed"][i] or 0 for w in workers.values()) for i in range(len(memory["timeline"]["t"]))]
-    # the blocks' memory shows (all three at once is the unbudgeted test's: the samples every 0.5 s
-    # may fall after the first block is let go when a budgeted run's bookkeeping delays the last)
+    # the blocks' memory shows (two at once is the unbudgeted test's: the samples every 0.5 s may
+    # fall after the first block is let go when a budgeted run's bookkeeping delays the others)
     assert max(managed) - managed[0] >= 50 * MIB, [m // MIB for m in managed]

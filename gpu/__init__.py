@@ -47,6 +47,10 @@ _LAZY = {
     # several training runs packed into one stacked group
     "PackedTrainer": "gpu.packing",
     "tune_members": "gpu.packing",
+    # a user's own training loop, declared so that a run can pack it
+    "Loop": "gpu.loops",
+    "PackedLoop": "gpu.loops",
+    "train_loop": "gpu.loops",
     # training as a pipeline step, and clusters for both kinds of host
     "train": "gpu.training",
     "TrainConfig": "gpu.engine",

@@ -48,7 +48,7 @@ from .replicas import _FunctionalModel, replica_batches
 from .sma import SMAState, central_update, local_correction, local_step, reset_replicas, ssgd_step
 from .tuning import ReplicaTuner
 
-__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "PackedGroup", "PackedTrainer", "members_memo_key", "tune_members"]
+__all__ = ["MEMBER_PARAMS", "SHARED_PARAMS", "Membership", "PackedGroup", "PackedTrainer", "members_memo_key", "tune_members"]
 
 _REPEATS = 3  # measurements per member count when tuning (the best one counts)
 
@@ -197,7 +197,79 @@ class PackedGroup:
         return losses.detach()
 
 
-class PackedTrainer:
+class Membership:
+    """Who trains now and who waits: the membership rules a packed group's trainers share
+    (:class:`PackedTrainer`, :class:`gpu.PackedLoop`). A subclass holds ``configs`` (every
+    member's own settings, by name), ``waiting`` (names in joining order), ``members`` (started
+    members, by name, each with an ``outcome``: ``None`` while training, ``"finished"``,
+    ``"removed"``) and ``active_limit``, and says how a member starts (:meth:`_start`), leaves
+    its rows (:meth:`_leave`), which members train now (:meth:`_training`) and how its own
+    settings are checked (:meth:`_config`)."""
+
+    configs: dict
+    waiting: list
+    members: dict
+    active_limit: int
+
+    def _training(self) -> list:
+        raise NotImplementedError
+
+    def _start(self, name: Hashable) -> None:
+        raise NotImplementedError
+
+    def _leave(self, m: Any, outcome: str) -> None:
+        raise NotImplementedError
+
+    def _config(self, name: Hashable, params: Mapping) -> Any:
+        raise NotImplementedError
+
+    def _fill(self) -> None:
+        while self.waiting and len(self._training()) < self.active_limit:
+            self._start(self.waiting.pop(0))
+
+    @property
+    def active(self) -> list:
+        """Names of the members training now (in the group's row order)."""
+        return [m.name for m in self._training()]
+
+    @property
+    def pending(self) -> list:
+        """Names of members that are training or waiting to join."""
+        return self.active + list(self.waiting)
+
+    def add(self, name: Hashable, params: Mapping) -> None:
+        """A new member (own parameters ``params``): it waits, and joins when a place frees
+        (at once when the group has one), at its own epoch 0."""
+        if name in self.configs:
+            raise ValueError(f"{type(self).__name__}.add: member {name!r} is in the group already")
+        self.configs[name] = self._config(name, params)
+        self.waiting.append(name)
+        self._fill()
+
+    def remove(self, name: Hashable) -> None:
+        """Take a member out (pruned): its rows leave, the others go on; a waiting one joins."""
+        if name in self.waiting:
+            self.waiting.remove(name)
+            return
+        m = self.members.get(name)
+        if m is None:
+            raise KeyError(f"{type(self).__name__}.remove: no member {name!r}; members are "
+                           f"{sorted(map(str, self.configs))}")
+        if m.outcome is None:
+            self._leave(m, "removed")
+            self._fill()
+
+    def finish(self, name: Hashable) -> None:
+        """End an active member's training now (e.g. at a pruning rule's ``max_iter``): it
+        leaves the group with what it has learnt, and ``result`` gives it."""
+        m = self.members.get(name)
+        if m is None or m.outcome is not None:
+            raise ValueError(f"{type(self).__name__}.finish: member {name!r} is not training")
+        self._leave(m, "finished")
+        self._fill()
+
+
+class PackedTrainer(Membership):
     """Train the members ``{name: {param: value}}`` (``param`` in :data:`MEMBER_PARAMS`) as one
     packed group; every other ``gpu.train`` argument (``batch_size``, ``replicas``, ``epochs``,
     ...) is given once, as a keyword, and shared (a member's own ``epochs``/``seed``/... win).
@@ -285,55 +357,15 @@ class PackedTrainer:
             self._publishers[name] = _publisher(str(name), 0, 1)
         self._publishers[name](msg)
 
-    def _fill(self) -> None:
-        while self.waiting and len(self.group.members) < self.active_limit:
-            self._start(self.waiting.pop(0))
+    def _training(self) -> list:
+        return self.group.members
 
-    @property
-    def active(self) -> list:
-        """Names of the members training now (in the group's row order)."""
-        return [m.name for m in self.group.members]
+    def _config(self, name: Hashable, params: Mapping) -> TrainConfig:
+        return _member_config(params, self.shared)
 
-    @property
-    def pending(self) -> list:
-        """Names of members that are training or waiting to join."""
-        return self.active + list(self.waiting)
-
-    def add(self, name: Hashable, params: Mapping) -> None:
-        """A new member (own parameters ``params``): it waits, and joins when a place frees
-        (at once when the group has one), at its own epoch 0."""
-        if name in self.configs:
-            raise ValueError(f"PackedTrainer.add: member {name!r} is in the group already")
-        self.configs[name] = _member_config(params, self.shared)
-        self.waiting.append(name)
-        self._fill()
-
-    def remove(self, name: Hashable) -> None:
-        """Take a member out (pruned): its rows leave, the others go on; a waiting one joins."""
-        if name in self.waiting:
-            self.waiting.remove(name)
-            return
-        m = self.members.get(name)
-        if m is None:
-            raise KeyError(f"PackedTrainer.remove: no member {name!r}; members are {sorted(map(str, self.configs))}")
-        if m.outcome is None:
-            self.group.drop(m)
-            m.outcome = "removed"
-            self._tell(name, {"kind": "end", "epochs_done": m.epoch})
-            self._fill()
-
-    def finish(self, name: Hashable) -> None:
-        """End an active member's training now (e.g. at a pruning rule's ``max_iter``): it
-        leaves the group with what it has learnt, and :meth:`result` gives it."""
-        m = self.members.get(name)
-        if m is None or m.outcome is not None:
-            raise ValueError(f"PackedTrainer.finish: member {name!r} is not training")
-        self._finish(m)
-        self._fill()
-
-    def _finish(self, m: _Member) -> None:
+    def _leave(self, m: _Member, outcome: str) -> None:
         self.group.drop(m)
-        m.outcome = "finished"
+        m.outcome = outcome
         self._tell(m.name, {"kind": "end", "epochs_done": m.epoch})
 
     # --- training ---------------------------------------------------------------------------
@@ -396,7 +428,7 @@ class PackedTrainer:
         for m in members:
             target = m.cfg.target_accuracy
             if m.epoch >= m.cfg.epochs or (target is not None and m.history[-1]["accuracy"] >= target):
-                self._finish(m)
+                self._leave(m, "finished")
         self._fill()
         return reports
 

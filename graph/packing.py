@@ -72,23 +72,32 @@ __all__ = [
 IGNORED_PARAMS = ("workers", "max_restarts", "timeout", "max_replicas")
 
 
-def _train_fn(fn: Any) -> tuple[Any, PruneSpec | None] | None:
-    """``(gpu.train, prune)`` when a task runs ``gpu.train`` (possibly wrapped by ``Iterative``)."""
+def _train_fn(fn: Any) -> tuple[Any, PruneSpec | None, str] | None:
+    """``(step, prune, kind)`` when a task runs a packable step (possibly wrapped by
+    ``Iterative``): ``kind`` ``"train"`` for ``gpu.train``, ``"loop"`` for ``gpu.train_loop``
+    (a user's declared loop, :mod:`gpu.loops`). Neither module is imported here: a graph with
+    neither step never loads torch for packing's sake."""
     prune = None
     if isinstance(fn, Iterative):
         fn, prune = fn.fn, fn.prune
-    training = sys.modules.get("gpu.training")
-    if training is None or fn is not getattr(training, "train", None):
-        return None
-    return fn, prune
+    for module, name, kind in (("gpu.training", "train", "train"), ("gpu.loops", "train_loop", "loop")):
+        found = sys.modules.get(module)
+        if found is not None and fn is getattr(found, name, None):
+            return fn, prune, kind
+    return None
 
 
-def _split(kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
-    """A ``gpu.train`` task's arguments as ``(shared, member)``: what every member of a packed
-    group must agree on, and what each member sets for itself (``gpu.packing.MEMBER_PARAMS``);
-    :data:`IGNORED_PARAMS` are in neither."""
-    # only a gpu.train task gets here, so gpu.packing (which imports torch) is already wanted:
+def _split(kind: str, kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+    """A packable task's arguments as ``(shared, member)``: what every member of a packed
+    group must agree on, and what each member sets for itself (``gpu.train``:
+    ``gpu.packing.MEMBER_PARAMS``, :data:`IGNORED_PARAMS` in neither; ``gpu.train_loop``:
+    :func:`gpu.loops.split_loop_params`)."""
+    # only a gpu.train or gpu.train_loop task gets here, so torch is already wanted:
     # an exploration of scikit-learn steps never imports torch for packing's sake
+    if kind == "loop":
+        from gpu.loops import split_loop_params
+
+        return split_loop_params(kwargs)
     from gpu.packing import MEMBER_PARAMS
 
     shared = {k: v for k, v in kwargs.items() if k not in MEMBER_PARAMS and k not in IGNORED_PARAMS}
@@ -108,11 +117,14 @@ def _signature(task: Any) -> str | None:
     from .keys import step_key
 
     kw = task.kwargs
+    kind = found[2]
     replicas = kw.get("replicas", "auto")
-    if (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")
+    if kind == "loop" and "loop" not in kw:
+        return None
+    if kind == "train" and (kw.get("workers") != 1 or "model" not in kw or kw.get("algorithm", "sma") not in ("sma", "ssgd")
             or kw.get("partitions", 1) != 1 or not isinstance(replicas, int) or isinstance(replicas, bool)):
         return None
-    shared, _ = _split(kw)
+    shared, _ = _split(kind, kw)
     from dask.tokenize import TokenizationError
 
     try:
@@ -178,9 +190,23 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
     return take
 
 
-def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None) -> int:
-    """A member's most epochs: its ``epochs`` (or the group's), cut by its pruning rule's ``max_iter``."""
-    epochs = int(own.get("epochs", shared.get("epochs", 1)))
+def _trainer_kind(kind: str) -> tuple[Any, Any]:
+    """``(trainer class, member-count memo key)`` for a packed group of ``kind`` (:func:`_train_fn`):
+    :class:`gpu.PackedTrainer` for ``gpu.train``, :class:`gpu.PackedLoop` for ``gpu.train_loop``
+    (the same interface)."""
+    if kind == "loop":
+        from gpu.loops import PackedLoop, loop_members_memo_key
+
+        return PackedLoop, loop_members_memo_key
+    from gpu.packing import PackedTrainer, members_memo_key
+
+    return PackedTrainer, members_memo_key
+
+
+def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None, default: int = 1) -> int:
+    """A member's most epochs: its ``epochs`` (or the group's, or the step's ``default``), cut by
+    its pruning rule's ``max_iter``."""
+    epochs = int(own.get("epochs", shared.get("epochs", default)))
     if prune is not None and prune.max_iter is not None:
         epochs = min(epochs, int(prune.max_iter))
     return epochs
@@ -188,9 +214,10 @@ def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None) -> int:
 
 def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], shared: Mapping,
                  prunes: Mapping[str, PruneSpec | None], active: int | str | None = "auto",
-                 claims: str | None = None, packs: tuple = ()) -> dict:
+                 claims: str | None = None, packs: tuple = (), kind: str = "train") -> dict:
     """The packed task: train members of ``members`` (``{member key: own params}``, the whole
-    group) as one :class:`gpu.PackedTrainer`, report per member key, wait at each member's
+    group) as one :class:`gpu.PackedTrainer` (``kind="loop"``: one :class:`gpu.PackedLoop`,
+    ``model`` being the ``gpu.Loop``), report per member key, wait at each member's
     rungs, drop members answered ``"stop"``. Returns ``{member key: result or Pruned}`` for the
     members it trained.
 
@@ -199,19 +226,21 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     member leaves), takes one over from a busier pack of its group when it would otherwise end
     idle, and drops a member another pack took over; so the group's packed tasks share its
     members at run time. Without it (or outside a Dask task) it trains every member of ``members``."""
-    from gpu.packing import PackedTrainer
-
+    trainer_class, _ = _trainer_kind(kind)
+    default_epochs = 1
+    if kind == "loop":
+        from gpu.loops import DEFAULT_EPOCHS as default_epochs
     pack = _Task()
-    horizon = {k: _horizon(members[k], shared, prunes.get(k)) for k in members}
+    horizon = {k: _horizon(members[k], shared, prunes.get(k), default_epochs) for k in members}
     take = _claimer(pack, claims, list(members), list(packs), horizon)
     _, first = take(1)
     if not first:  # the group's other packed tasks hold every member, and none can be taken over
         return {}
     mine = {k: members[k] for k in first}
     if active == "auto" and pack.worker is not None:
-        trainer = _remembered_trainer(data, model, mine, shared, len(members))
+        trainer = _remembered_trainer(data, model, mine, shared, len(members), kind)
     else:
-        trainer = PackedTrainer(data, model, mine, active=active, publish=True, most=len(members), **shared)
+        trainer = trainer_class(data, model, mine, active=active, publish=True, most=len(members), **shared)
     tasks: dict[str, _MemberTask] = {}
     made: dict[str, int] = {}
     last: dict[str, dict] = {}
@@ -267,8 +296,9 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     return values
 
 
-def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, most: int) -> Any:
-    """A :class:`gpu.PackedTrainer` whose member count is tuned once per cluster: the scheduler
+def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, most: int,
+                        kind: str = "train") -> Any:
+    """A :class:`gpu.PackedTrainer` (or :class:`gpu.PackedLoop`) whose member count is tuned once per cluster: the scheduler
     remembers it (``set_metadata`` under :func:`gpu.packing.members_memo_key`, as ``gpu.train``
     remembers a tuned replica count), so one tuning serves every packed task of the same model,
     data shapes, shared arguments and group size, in this run and in later runs on the same
@@ -276,9 +306,9 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, m
     each measuring throughput while the others do (on shared cores they would disturb each other)."""
     from distributed import Lock
 
-    from gpu.packing import PackedTrainer, members_memo_key
     from gpu.worker import task_client
 
+    PackedTrainer, members_memo_key = _trainer_kind(kind)
     key = members_memo_key(model, data, shared, most)
     if key is None:
         return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
@@ -309,17 +339,17 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
     packs_of: dict[str, list[str]] = {}  # member key -> its group's packed tasks
     for g, keys in enumerate(groups):
         first = compiled.graph[keys[0]]
-        kw = dict(first.kwargs)
-        model = kw.pop("model")
-        shared, _ = _split(kw)
-        members = {k: _split(compiled.graph[k].kwargs)[1] for k in keys}
+        kind = _train_fn(first.func)[2]
+        shared, _ = _split(kind, first.kwargs)
+        model = shared.pop("loop" if kind == "loop" else "model")
+        members = {k: _split(kind, compiled.graph[k].kwargs)[1] for k in keys}
         member_prunes = {k: prunes.get(k, _train_fn(compiled.graph[k].func)[1]) for k in keys}
         data = first.args[0]
         packs = [step_key(packed_train, {"members": tuple(keys), "pack": i}, (data.key,))
                  for i in range(min(max(1, slots), len(keys)))]
         for pkey in packs:  # the claim table's name is the run's: a later run of these keys starts afresh
             new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members, shared=shared,
-                             prunes=member_prunes, claims=f"{run}-{g}", packs=tuple(packs))
+                             prunes=member_prunes, claims=f"{run}-{g}", packs=tuple(packs), kind=kind)
         for k in keys:  # Iterative (around a plain function): the run still takes k for an iterative step
             new[k] = Task(k, Iterative(member_value, member_prunes[k]), k, *[TaskRef(p) for p in packs])
             packs_of[k] = packs

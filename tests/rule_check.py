@@ -1,5 +1,6 @@
 """The halving rule checked on a finished run's own rung record (docs/architecture.md §7):
-shared by the pruning-run tests (generator steps) and the packing tests (packed gpu.train)."""
+shared by the pruning-run tests (generator steps) and the packing tests (packed gpu.train and
+gpu.train_loop), with the packing tests' run that SIGKILLs a reporting pack's worker."""
 
 from __future__ import annotations
 
@@ -26,3 +27,42 @@ def check_rule(result, factor):
         else:
             assert row["status"] in ("ok", "failed", "cancelled"), row["status"]
     return stopped_at
+
+
+def run_killing_a_reporting_pack(node, alone_node):
+    """Run ``node`` (packed) on a fresh 2-worker, 1-thread LocalCluster with worker processes
+    while a thread SIGKILLs the worker whose packed task has just reported (after 3 reports);
+    then ``alone_node`` unpacked on the same cluster. Returns ``(result, alone, killed)``."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from distributed import Client, LocalCluster
+
+    killed: list = []
+
+    def kill_a_reporting_pack(c, stop):
+        pids = c.run(os.getpid)
+        while not stop.is_set() and not killed:
+            reports = [m for _, m in c.get_events("quiver-report")]
+            if len(reports) >= 3:
+                worker = reports[-1]["worker"]
+                if any("packed_train" in str(k) for k in c.processing().get(worker, ())):
+                    os.kill(pids[worker], signal.SIGKILL)
+                    killed.append(worker)
+                    return
+            time.sleep(0.005)
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        stop = threading.Event()
+        killer = threading.Thread(target=kill_a_reporting_pack, args=(c, stop), daemon=True)
+        killer.start()
+        try:
+            result = node.run(c, pack=True, progress=False, quiet=True)
+        finally:
+            stop.set()
+            killer.join(5)
+        alone = alone_node.run(c, pack=False, progress=False, quiet=True)
+    return result, alone, killed

@@ -130,3 +130,18 @@ def test_collections_explore_churn_quick(tmp_path):
     assert q["executed_tasks"] == q["distinct_keys"] and isinstance(q["spill_causes"], dict)
     assert q.get("spilled_bytes", 0) == 0  # 18 MiB fit in two 1 GiB workers: nothing leaves memory
     assert "spilled" in proc.stdout and "x the table" in proc.stdout
+
+
+def test_packing_loop_quick_trains_the_hand_written_loops_runs(tmp_path):
+    out = tmp_path / "packing_loop.json"
+    proc = run("packing_loop.py", "--quick", "--output", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    methods = data["methods"]
+    assert set(methods) == {"torch_loop", "solo", "packed", "packed_auto", "packed_own_step"}
+    # the quick learning rates all learn; the built-in step repeats the torch loop's accuracies
+    assert methods["solo"]["learning"] == ["lr=0.003", "lr=0.01", "lr=0.03"]
+    for name in ("solo", "packed", "packed_auto"):
+        assert methods[name]["max_accuracy_diff"] <= 1e-5, (name, methods[name])
+    assert methods["packed_own_step"]["max_accuracy_diff"] <= 0.01  # vmap's kernels round differently
+    assert 1 <= methods["packed_auto"]["active"] <= 3

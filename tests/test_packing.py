@@ -360,42 +360,11 @@ def test_a_worker_killed_during_a_packed_pruning_exploration(tmp_path):
     seeds; their replayed reports are not counted again, the rule holds on the run's arrivals,
     every branch's history runs 1..n once and equals a prefix of its run alone, and the chosen
     branch is the best of those that finished."""
-    import os
-    import signal
-    import threading
-
-    from distributed import Client, LocalCluster
-
-    from tests.rule_check import check_rule
+    from tests.rule_check import check_rule, run_killing_a_reporting_pack
 
     grid_ = explore(lr=[0.01, 0.03, 0.05, 0.1, 0.0003, 0.0001], epochs=[9])
-    node = grid_.choose("accuracy", prune=pipelines.halving(factor=3))
-    killed = []
-
-    def kill_a_reporting_pack(c, stop):
-        pids = c.run(os.getpid)
-        while not stop.is_set() and not killed:
-            reports = [m for _, m in c.get_events("quiver-report")]
-            if len(reports) >= 3:
-                worker = reports[-1]["worker"]
-                busy = c.processing().get(worker, ())
-                if any("packed_train" in str(k) for k in busy):
-                    os.kill(pids[worker], signal.SIGKILL)
-                    killed.append(worker)
-                    return
-            time.sleep(0.005)
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
-        stop = threading.Event()
-        killer = threading.Thread(target=kill_a_reporting_pack, args=(c, stop), daemon=True)
-        killer.start()
-        try:
-            result = node.run(c, pack=True, progress=False, quiet=True)
-        finally:
-            stop.set()
-            killer.join(5)
-        alone = grid_.choose("accuracy").run(c, pack=False, progress=False, quiet=True)
+    result, alone, killed = run_killing_a_reporting_pack(grid_.choose("accuracy", prune=pipelines.halving(factor=3)),
+                                                         grid_.choose("accuracy"))
     assert killed, "every packed task ended before a worker could be killed"
     check_rule(result, factor=3)
     assert result.stats["packed_groups"] == 2 and result.stats["reports_replayed"] > 0

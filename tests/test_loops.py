@@ -1,0 +1,208 @@
+"""A user's own training loop, declared so a run can pack it (gpu/loops.py): the built-in step is
+torch.optim.SGD, a packed member reports what its solo run reports (built-in and user-written
+steps), members leave without disturbing the others, bad declarations are refused with the fix;
+and on a real LocalCluster with worker processes, packed ``gpu.train_loop`` branches are pruned by
+the halving rule with the curves they have alone, also when a worker is SIGKILLed mid-pack."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gpu
+import pipelines
+from gpu.loops import PackedLoop, train_loop
+from graph.packing import packable_groups
+from pipelines import Pipeline, grid
+
+pytestmark = pytest.mark.timeout(240)
+
+MLP = functools.partial(gpu.MLP, 64, 10, hidden=(16,))
+LOOP = gpu.Loop(model=MLP)
+CURVE = ("epoch", "loss", "accuracy", "test_loss")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return gpu.load_digits_tensors(seed=0)
+
+
+def curve(reports):
+    return [[r[k] for k in CURVE] for r in reports]
+
+
+def assert_same_curves(packed, alone):
+    assert len(packed) == len(alone)
+    for p, s in zip(curve(packed), curve(alone)):
+        assert p == pytest.approx(s, rel=1e-5, abs=1e-6)
+
+
+def torch_sgd_accuracies(data, lr, momentum, weight_decay, batch, epochs, seed):
+    """The loop a user writes by hand (examples/tune_mnist.py's train_mlp, on the digits)."""
+    torch.manual_seed(seed)
+    net = MLP()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed * 1000)
+    x, y = data.x_train, data.y_train
+    out = []
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=gen)
+        for i in range(len(x) // batch):
+            idx = order[i * batch:(i + 1) * batch]
+            opt.zero_grad()
+            F.cross_entropy(net(x[idx]), y[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            out.append(float((net(data.x_test).argmax(1) == data.y_test).float().mean()))
+    return out
+
+
+def plain_sgd_step(forward, state, batch, hp):
+    """A user-written step: plain SGD, as a pure function of one member's state."""
+    x, y = batch
+    grads, loss = torch.func.grad_and_value(lambda p: F.cross_entropy(forward(p, x), y))(state["params"])
+    return {"params": {k: v - hp["lr"] * grads[k] for k, v in state["params"].items()}}, loss
+
+
+def run_pack(pack, remove=None):
+    """Train ``pack`` to its end; ``{name: reports}``; ``remove``: ``{name: after epoch n}``."""
+    seen: dict = {}
+    while pack.active:
+        for name, report in pack.epoch().items():
+            seen.setdefault(name, []).append(report)
+            if remove and remove.get(name) == report["epoch"]:
+                pack.remove(name)
+    return seen
+
+
+# ---- in this process ---------------------------------------------------------------------------
+
+
+def test_the_built_in_step_is_torch_sgd_with_the_users_seeded_order(digits):
+    reports = list(train_loop(digits, loop=LOOP, lr=0.05, momentum=0.5, weight_decay=1e-3, batch_size=16,
+                              epochs=3, seed=2))
+    expected = torch_sgd_accuracies(digits, 0.05, 0.5, 1e-3, 16, 3, 2)
+    assert [r["accuracy"] for r in reports] == pytest.approx(expected, abs=1e-6)
+    assert [r["epoch"] for r in reports] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("loop", [LOOP, gpu.Loop(model=MLP, step=plain_sgd_step)], ids=["built-in", "own-step"])
+def test_packed_members_report_what_their_solo_runs_report(digits, loop):
+    members = {"a": dict(lr=0.1, seed=0, epochs=3), "b": dict(lr=0.02, seed=1, epochs=2),
+               "c": dict(lr=0.5, seed=2, epochs=3)}
+    pack = PackedLoop(digits, loop, members, batch_size=16)
+    seen = run_pack(pack)
+    for name, own in members.items():
+        gen = train_loop(digits, loop=loop, batch_size=16, **own)
+        alone = list(gen)
+        assert_same_curves(seen[name], alone)
+        assert max(r["members"] for r in seen[name]) == 3
+        result = pack.result(name)
+        with torch.no_grad():
+            accuracy = float((result["model"](digits.x_test).argmax(1) == digits.y_test).float().mean())
+        assert accuracy == pytest.approx(alone[-1]["accuracy"], abs=1e-6)  # the trained model, not a copy
+
+
+def test_a_removed_member_leaves_the_others_unchanged_and_a_waiting_one_joins(digits):
+    members = {"a": dict(lr=0.1, seed=0, epochs=3), "b": dict(lr=0.3, seed=1, epochs=3),
+               "c": dict(lr=0.05, seed=2, epochs=2)}
+    pack = PackedLoop(digits, LOOP, members, active=2, batch_size=16)
+    assert pack.active == ["a", "b"] and pack.pending == ["a", "b", "c"]
+    seen = run_pack(pack, remove={"b": 1})
+    assert [r["epoch"] for r in seen["b"]] == [1]
+    assert seen["c"][0]["members"] == 2  # it took b's place after epoch 1
+    for name in ("a", "c"):
+        assert_same_curves(seen[name], list(train_loop(digits, loop=LOOP, batch_size=16, **members[name])))
+    with pytest.raises(ValueError, match="has not finished .*removed"):
+        pack.result("b")
+
+
+def test_auto_members_are_tuned_without_changing_training(digits):
+    members = {"a": dict(lr=0.1, seed=0, epochs=1), "b": dict(lr=0.3, seed=1, epochs=1)}
+    pack = PackedLoop(digits, LOOP, members, active="auto", batch_size=16)
+    assert 1 <= pack.active_limit <= 2 and pack.tuning[0][0] == 1
+    seen = run_pack(pack)
+    for name in members:
+        assert_same_curves(seen[name], list(train_loop(digits, loop=LOOP, batch_size=16, **members[name])))
+
+
+def test_bad_loops_are_refused_with_the_fix(digits):
+    with pytest.raises(ValueError, match="zero-argument callable .* not a module"):
+        gpu.Loop(model=MLP())
+    with pytest.raises(ValueError, match="init= makes the state of your own step="):
+        gpu.Loop(model=MLP, init=lambda p, hp: {"params": p})
+    with pytest.raises(ValueError, match=r"\['beta'\] are not parameters of the built-in SGD step"):
+        next(train_loop(digits, loop=LOOP, lr=0.1, beta=0.9))
+    with pytest.raises(ValueError, match="lr= is required"):
+        next(train_loop(digits, loop=LOOP))
+    with pytest.raises(ValueError, match="must be numbers"):
+        next(train_loop(digits, loop=LOOP, lr="0.1"))
+
+    def ragged(data, batch_size, generator):
+        yield data.x_train[:batch_size], data.y_train[:batch_size]
+        if generator.initial_seed() == 0:
+            yield data.x_train[:batch_size], data.y_train[:batch_size]
+
+    pack = PackedLoop(digits, gpu.Loop(model=MLP, batches=ragged), {"a": dict(lr=0.1, seed=0), "b": dict(lr=0.1, seed=1)},
+                      batch_size=16)
+    with pytest.raises(ValueError, match="same number of batches of the same shapes"):
+        pack.epoch()
+
+
+def explore(**overrides):
+    params = dict(loop=[LOOP], lr=[0.01, 0.1], momentum=[0.9], epochs=[2], batch_size=[32])
+    params.update(overrides)
+    return Pipeline("digits").source(gpu.load_digits_tensors, seed=0).explore("t", grid(gpu.train_loop, **params))
+
+
+def test_packable_loop_groups_follow_the_rule():
+    assert [len(g) for g in packable_groups(explore().compile().graph)] == [2]
+    assert [len(g) for g in packable_groups(explore(seed=[0, 1], epochs=[2, 3]).compile().graph)] == [8]
+    assert [len(g) for g in packable_groups(explore(batch_size=[16, 32]).compile().graph)] == [2, 2]
+    other = gpu.Loop(model=functools.partial(gpu.MLP, 64, 10, hidden=(8,)))
+    assert [len(g) for g in packable_groups(explore(loop=[LOOP, other]).compile().graph)] == [2, 2]
+
+
+# ---- on a real cluster ---------------------------------------------------------------------------
+
+
+def test_a_packed_pruning_run_of_a_users_loop_prunes_by_the_rule_with_solo_curves(client):
+    from tests.rule_check import check_rule
+
+    node = explore(lr=[0.003, 0.01, 0.05, 0.2, 1.0], epochs=[3])
+    packed = node.choose("accuracy", prune=pipelines.halving(factor=3)).run(client, pack=True, progress=False,
+                                                                           quiet=True)
+    full = node.choose("accuracy").run(client, pack=False, progress=False, quiet=True)
+    assert packed.stats["packed_branches"] == 5 and "packed_groups" not in full.stats
+    check_rule(packed, factor=3)
+    table = packed.table
+    assert (table["status"] == "pruned").any() and set(table["status"]) <= {"ok", "pruned"}
+    for row in range(len(table)):
+        mine, alone = packed.history[row], full.history[row]
+        assert [r["accuracy"] for r in mine] == pytest.approx([r["accuracy"] for r in alone[:len(mine)]], abs=1e-6)
+    finished = table[table["status"] == "ok"]
+    assert packed.value["accuracy"] == pytest.approx(finished["accuracy"].max())
+    assert isinstance(packed.value["model"], torch.nn.Module)
+
+
+def test_a_worker_killed_mid_pack_gives_the_same_decisions():
+    """SIGKILL the worker whose packed loop task has just reported: Dask reruns it, the members
+    are retrained from their seeds, replayed reports are not counted again, the rule holds on the
+    run's arrivals and every curve is a prefix of its solo run's."""
+    from tests.rule_check import check_rule, run_killing_a_reporting_pack
+
+    grid_ = explore(lr=[0.01, 0.03, 0.05, 0.1, 0.0003, 0.0001], epochs=[9])
+    result, alone, killed = run_killing_a_reporting_pack(grid_.choose("accuracy", prune=pipelines.halving(factor=3)),
+                                                         grid_.choose("accuracy"))
+    assert killed, "every packed task ended before a worker could be killed"
+    check_rule(result, factor=3)
+    assert result.stats["packed_branches"] == 6 and result.stats["reports_replayed"] > 0
+    assert result.stats["reports"] == result.table["iterations"].sum()
+    for h, full in zip(result.history, alone.history):
+        assert [r["epoch"] for r in h] == list(range(1, len(h) + 1))
+        assert [r["accuracy"] for r in h] == pytest.approx([r["accuracy"] for r in full[:len(h)]], abs=1e-6)
+    finished = result.table[result.table["status"] == "ok"]
+    assert result.value["accuracy"] == pytest.approx(finished["accuracy"].max())

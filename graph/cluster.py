@@ -160,7 +160,11 @@ def connect(
     if memory_budget is not None:  # never kept: its workers carry one run's planned spill settings
         cluster, c, reused, keep = (*start(), False, False)
     else:
-        spec = (kwargs["n_workers"], threads_per_worker, memory_limit, dashboard_address)
+        from .workerenv import embedded_config, embedded_environ
+
+        # the workers' settings too: a run after a config change never gets workers made without it
+        spec = (kwargs["n_workers"], threads_per_worker, memory_limit, dashboard_address,
+                tuple(sorted(embedded_environ(None).items())), tuple(sorted(embedded_config().items())))
         cluster, c, reused, keep = embedded.acquire(spec, start)
         if keep and not reused:  # a kept cluster's nannies may restart a worker between runs too
             _hold_skip_main()
@@ -187,7 +191,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
     """A new embedded cluster and its client, with Quiver's dashboard pages and log digest."""
     import dask
 
-    from .workerenv import embedded_environ, environ_restored
+    from .workerenv import embedded_config, embedded_environ, environ_restored
     from .workerstart import start_workers
 
     ours = embedded_environ(memory_budget)
@@ -199,8 +203,9 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
     # into this process's environment: it is put back afterwards, so that processes this one
     # starts later (scikit-learn's joblib workers, a subprocess) get their allocator and thread
     # settings from the user, not Dask
+    # the workers' Dask config is this process's when their nannies start (Dask hands it over)
     with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}), \
-            environ_restored(variables, ours):
+            dask.config.set(embedded_config()), environ_restored(variables, ours):
         # what the workers' processes must start with (as the nanny will compute it): forks of
         # Quiver's prepared process only when that process started with the same
         needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))

@@ -20,13 +20,22 @@ threshold (``0`` or ``False``: Dask's behaviour everywhere).
 Thread limits stay Dask's (``OMP_NUM_THREADS=1`` and friends per single-threaded worker), as
 scikit-learn's ``n_jobs`` workers limit their inner threads too.
 
+**Dask's statistical profiler.** Every Dask worker samples the stacks of its task threads every
+10 ms (``distributed.worker.profile.interval``) on its event loop, holding the GIL while it walks
+them, for the dashboard's Profile page. On two cores kept busy by scikit-learn fits that cost
+0.5-0.6 CPU-seconds per worker in a 16 s run, taken from the fits (``docs/guide/speed.md``).
+Embedded workers sample every :data:`PROFILE_INTERVAL` (100 ms) instead: the Profile page still
+fills, at a tenth of the cost. The dask config key ``quiver.worker.profile-interval`` changes it
+(``False``: Dask's own interval); a ``distributed.worker.profile.interval`` you set yourself wins.
+
 On a cluster you started yourself, either start the workers with the variable set (it must be
 in the environment before the worker process starts)::
 
     MALLOC_MMAP_THRESHOLD_=33554432 dask worker tcp://scheduler:8786
 
 or set it at run time on the running workers with :func:`tune_workers` (a worker plugin that
-calls ``mallopt``; it stays for the workers' lifetime and for workers that join later).
+calls ``mallopt`` and slows the profiler's sampling; it stays for the workers' lifetime and for
+workers that join later).
 
 >>> mmap_threshold()
 33554432
@@ -34,6 +43,8 @@ calls ``mallopt``; it stays for the workers' lifetime and for workers that join 
 {'MALLOC_MMAP_THRESHOLD_': '33554432'}
 >>> embedded_environ(memory_budget="1 GiB")
 {'MALLOC_MMAP_THRESHOLD_': '131072'}
+>>> embedded_config()
+{'distributed.worker.profile.interval': '100ms'}
 """
 
 from __future__ import annotations
@@ -47,6 +58,10 @@ from typing import Any
 
 __all__ = [
     "DASK_MMAP_THRESHOLD",
+    "PROFILE_INTERVAL",
+    "WorkerProfiler",
+    "embedded_config",
+    "profile_interval",
     "environ_restored",
     "MMAP_THRESHOLD",
     "WorkerAllocator",
@@ -61,6 +76,11 @@ __all__ = [
 MMAP_THRESHOLD = 32 * 1024 * 1024
 #: bytes: the threshold a Dask worker has (glibc's fixed default once the trim variable is set)
 DASK_MMAP_THRESHOLD = 128 * 1024
+
+#: how often an embedded worker's profiler samples its task threads (Dask's default: 10 ms)
+PROFILE_INTERVAL = "100ms"
+_DASK_PROFILE_INTERVAL = "10ms"
+_PROFILE_CONFIG = "quiver.worker.profile-interval"
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _ENV = "MALLOC_MMAP_THRESHOLD_"
@@ -92,6 +112,36 @@ def embedded_environ(memory_budget: Any = None) -> dict[str, str]:
     if memory_budget is not None or not nbytes:
         nbytes = DASK_MMAP_THRESHOLD
     return {_ENV: str(nbytes)}
+
+
+def profile_interval() -> str | None:
+    """The profiler interval Quiver gives workers (``None``: Dask's, untouched): the dask config
+    key ``quiver.worker.profile-interval`` (default :data:`PROFILE_INTERVAL`), unless the user
+    changed ``distributed.worker.profile.interval`` from Dask's default (theirs wins)."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    value = dask.config.get(_PROFILE_CONFIG, default=PROFILE_INTERVAL)
+    if value in (None, False, 0, "0", "none", "None"):
+        return None
+    try:
+        seconds = parse_timedelta(value, default="ms")
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if not seconds or seconds <= 0:
+        raise ValueError(f"dask config {_PROFILE_CONFIG!r} = {value!r}: give a duration such as '100ms', "
+                         "or False for Dask's own interval")
+    dasks = dask.config.get("distributed.worker.profile.interval", default=_DASK_PROFILE_INTERVAL)
+    if parse_timedelta(dasks, default="ms") != parse_timedelta(_DASK_PROFILE_INTERVAL, default="ms"):
+        return None  # set by the user: theirs
+    return str(value)
+
+
+def embedded_config() -> dict[str, str]:
+    """Dask config an embedded cluster's workers start with (beside Dask's own): the profiler's
+    sampling interval (:func:`profile_interval`)."""
+    interval = profile_interval()
+    return {} if interval is None else {"distributed.worker.profile.interval": interval}
 
 
 @contextlib.contextmanager
@@ -197,9 +247,30 @@ class WorkerAllocator(WorkerPlugin):  # type: ignore[misc]
             os.environ[_ENV] = str(self.nbytes)  # what the process now does, for whoever reads it
 
 
+class WorkerProfiler(WorkerPlugin):  # type: ignore[misc]
+    """Worker plugin: the profiler samples every ``interval`` (a running worker's Dask periodic
+    callback ``"profile"`` is changed; a worker without the profiler is left alone)."""
+
+    name = "quiver-profiler"
+
+    def __init__(self, interval: str = PROFILE_INTERVAL) -> None:
+        self.interval = interval
+
+    def setup(self, worker: Any) -> None:
+        from dask.utils import parse_timedelta
+
+        pc = getattr(worker, "periodic_callbacks", {}).get("profile")
+        if pc is not None:
+            pc.callback_time = parse_timedelta(self.interval, default="ms") * 1000
+
+
 def tune_workers(client: Any, nbytes: int | None = None) -> None:
-    """Give the workers of ``client``'s cluster Quiver's allocator setting at run time.
+    """Give the workers of ``client``'s cluster Quiver's allocator setting and profiler
+    interval at run time (:class:`WorkerAllocator`, :class:`WorkerProfiler`).
 
     >>> tune_workers(client)                                   # doctest: +SKIP
     """
     client.register_plugin(WorkerAllocator(mmap_threshold() if nbytes is None else nbytes))
+    interval = profile_interval()
+    if interval is not None:
+        client.register_plugin(WorkerProfiler(interval))

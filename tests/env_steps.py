@@ -9,3 +9,11 @@ def probe(seed: int) -> dict:
     from graph.workerenv import probe_environment
 
     return dict(probe_environment(), m=float(seed))
+
+
+def profiler(seed: int) -> dict:
+    """How often this task's worker samples its threads for Dask's profiler (ms; None: off)."""
+    from distributed import get_worker
+
+    pc = get_worker().periodic_callbacks.get("profile")
+    return {"profile_ms": None if pc is None else pc.callback_time, "m": float(seed)}

@@ -66,3 +66,28 @@ def test_tune_workers_sets_it_on_a_running_cluster():
         tune_workers(c)
         after = c.submit(probe_environment, pure=False).result()
         assert after["mmapped"] is False and after["MALLOC_MMAP_THRESHOLD_"] == str(MMAP_THRESHOLD)
+
+
+def test_embedded_workers_sample_the_profiler_every_100ms_unless_told():
+    from tests.env_steps import profiler
+
+    def sampled() -> float:
+        return Pipeline("prof").source(profiler, seed=1).run(quiet=True, progress=False, workers=1).value["profile_ms"]
+
+    assert sampled() == 100  # Dask's 10 ms cost the fits 3-5% of their cores (docs/guide/speed.md)
+    with dask.config.set({"quiver.worker.profile-interval": False}):
+        assert sampled() == 10  # Dask's own
+    with dask.config.set({"distributed.worker.profile.interval": "20ms"}):
+        assert sampled() == 20  # a user's own setting wins
+    with dask.config.set({"quiver.worker.profile-interval": "soon"}), pytest.raises(ValueError, match="'100ms'"):
+        sampled()
+
+
+def test_tune_workers_slows_a_running_clusters_profiler():
+    from tests.env_steps import profiler
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        assert c.submit(profiler, 1, pure=False).result()["profile_ms"] == 10  # Dask's worker
+        tune_workers(c)
+        assert c.submit(profiler, 1, pure=False).result()["profile_ms"] == 100

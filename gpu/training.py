@@ -63,9 +63,16 @@ def _as_data(data: Any) -> Any:
 
 def _client_available() -> bool:
     """Whether a Dask client is at hand (inside a task, the worker's; outside, a default one):
-    ``train(workers>1)`` then runs a gang, else trains alone."""
+    ``train(workers>1)`` then runs a gang, else trains alone. Inside a task the worker's client
+    comes through :func:`gpu.worker.task_client` (the one way a task gets it: a fault can make
+    Dask's client start fail with a bare ``AssertionError``, which is waited out, not raised);
+    a task the run let go meanwhile trains alone and is closed at its next report."""
     from distributed import get_client
 
+    from .worker import current_worker, task_client
+
+    if current_worker() is not None:
+        return task_client() is not None
     try:
         get_client()
         return True

@@ -86,6 +86,33 @@ def test_a_tasks_client_is_waited_for_while_a_fault_leaves_it_connecting(client)
     assert stopped == {"calls": 2, "scheduler": None}  # the run let the task go: no client, no error
 
 
+def _train_sees_a_client_after_failures(failures: int) -> dict:
+    """In a task: ``gpu.train``'s "is there a client for a gang?" while ``get_client`` fails
+    ``failures`` times as after a fault; it must wait, not fail the branch."""
+    import distributed
+
+    from gpu import training
+
+    real, calls = distributed.get_client, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise AssertionError()
+        return real(*a, **k)
+
+    distributed.get_client = flaky
+    try:
+        return {"available": training._client_available(), "calls": len(calls)}
+    finally:
+        distributed.get_client = real
+
+
+def test_train_asks_for_its_client_the_one_way(client):
+    got = client.submit(_train_sees_a_client_after_failures, 2, key="quiver-train-client", pure=False).result()
+    assert got == {"available": True, "calls": 3}  # a bare AssertionError before would fail the branch
+
+
 def test_outside_a_task_dasks_own_error_is_not_waited_out(monkeypatch):
     import distributed
 

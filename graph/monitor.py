@@ -48,10 +48,8 @@ class RunMonitor(SchedulerPlugin):
         self._killed: dict[str, dict] = {}  # address -> what is known of a worker restarted for memory
         self.peak_memory = 0
         self.peak_worker = 0
-        self.timeline: list[tuple[float, int, int]] = []  # (seconds, process bytes, spilled bytes)
         self.limit: int | None = None
         self.topic: str | None = None
-        self._t0: float | None = None
         self._scheduler = None
         self._callback = None
 
@@ -78,18 +76,10 @@ class RunMonitor(SchedulerPlugin):
             return
         workers = self._scheduler.workers.values()
         process = sum(ws.memory.process for ws in workers)
-        spilled = sum(ws.memory.spilled for ws in workers)
         for ws in workers:
             self._workers[ws.address] = (ws.memory_limit, ws.memory.managed)
         self.peak_memory = max(self.peak_memory, process)
         self.peak_worker = max([self.peak_worker] + [ws.memory.process for ws in workers])
-        now = time.monotonic()
-        if self._t0 is None:
-            self._t0 = now
-        if not self.timeline or now - self._t0 - self.timeline[-1][0] >= 0.25:
-            self.timeline.append((round(now - self._t0, 3), int(process), int(spilled)))
-            if len(self.timeline) > 4000:  # long runs: keep every other sample
-                self.timeline = self.timeline[::2]
 
     def log_event(self, topic: str, msg: Any) -> None:
         # every event of the cluster passes here: return at once unless it is one this run reads
@@ -189,7 +179,6 @@ class RunMonitor(SchedulerPlugin):
             "paused_seconds": self.paused_seconds + sum(time.monotonic() - t for t in self._paused_since.values()),
             "peak_memory_bytes": self.peak_memory,
             "peak_worker_memory_bytes": self.peak_worker,
-            "timeline": list(self.timeline),
         }
 
 

@@ -13,7 +13,8 @@
   ``result.stats["worker_memory"]`` (the dashboard's samples: managed and unmanaged stacked,
   spilled as a line, the worker's limit, Dask's pause line and the memory plan's predicted
   peak per worker; the exploration page's Memory panel, static); for an older result with only
-  ``result.stats["memory_timeline"]``, the measured total against the plan;
+  ``result.stats["memory_timeline"]``, the measured total against the plan (the per-worker
+  samples summed);
 * ``report.html``: all of the above inlined (base64), the statistics and the branch table,
   the chosen rows highlighted. It needs no other file.
 

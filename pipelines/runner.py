@@ -103,6 +103,10 @@ def run_node(
                 copied = sharedcopies.remove(c, copies)  # on every path: the plugin lives for one run
         record.stats["time_breakdown"] = timing.finish(compiled)
         record.stats["worker_memory"] = run_memory(c, record.run_id)  # per worker over time (graph.memory.timeline)
+        if memory_budget is not None:  # the cluster's total over time, from the same samples (one sampler)
+            from graph.memory.timeline import totals
+
+            record.stats["memory_timeline"] = totals((record.stats["worker_memory"] or {}).get("timeline"))
         # copies of shared inputs asked for ahead of their readers: {key: [worker, ...]}
         record.stats["shared_copies"] = copied
         # persisted Dask collections live on the cluster: an embedded one stays open for them

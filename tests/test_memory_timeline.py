@@ -205,3 +205,7 @@ def test_a_budgeted_runs_samples_carry_the_plans_prediction_per_worker():
     # the blocks' memory shows (two at once is the unbudgeted test's: the samples every 0.5 s may
     # fall after the first block is let go when a budgeted run's bookkeeping delays the others)
     assert max(managed) - managed[0] >= 50 * MIB, [m // MIB for m in managed]
+    # the cluster's total over time is the same samples summed (one sampler, not a second one)
+    total = result.stats["memory_timeline"]
+    assert [t for t, _, _ in total] == [round(t - memory["timeline"]["t"][0], 3) for t in memory["timeline"]["t"]]
+    assert max(p for _, p, _ in total) >= max(managed)

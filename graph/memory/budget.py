@@ -485,7 +485,6 @@ class BudgetedRun:
             "spilled_bytes": int(_delta(self.before, after, "write_bytes")),
             "read_back_bytes": int(_delta(self.before, after, "read_bytes")),
             "recomputed_tasks": sum(n - 1 for n in executed.values() if n > 1),
-            "memory_timeline": snap.get("timeline", []),
             "worker_pauses": int(snap.get("pauses", 0)),
             "paused_seconds": float(snap.get("paused_seconds", 0.0)),
         }

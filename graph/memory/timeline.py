@@ -29,7 +29,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["IN_VIEW", "MAX_READINGS", "MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "worker_series"]
+__all__ = ["IN_VIEW", "MAX_READINGS", "MAX_SAMPLES", "MEMORY_COLORS", "SAMPLE_SECONDS", "MemoryTimeline", "predicted_worker_peak", "thin_indices", "totals", "worker_series"]
 
 #: at most this many samples per run (thinned evenly past it)
 MAX_SAMPLES = 2000
@@ -134,6 +134,39 @@ class MemoryTimeline:
                 for f, v in zip(_FIELDS, r[:3]):
                     w[f][n] = v
         return {"t": [r[0] for r in rows], "pause": self.pause, "spill": self.spill, "workers": workers}
+
+
+def totals(data: Any) -> list[tuple[float, int, int]]:
+    """The whole cluster's memory over time from the per-worker samples (:meth:`MemoryTimeline.data`):
+    ``[(seconds since the first sample, process bytes, spilled bytes), ...]``, a worker's process
+    memory being its managed plus unmanaged bytes; a sample no worker has a reading in is left
+    out. What ``result.stats["memory_timeline"]`` holds for a budgeted run (the same samples as
+    the per-worker charts: one sampler).
+
+    >>> totals({"t": [10.0, 10.5, 11.0], "workers": {
+    ...     "a": {"managed": [100, 200, None], "unmanaged": [50, 50, None], "spilled": [0, 10, None]},
+    ...     "b": {"managed": [0, 300, None], "unmanaged": [40, 40, None], "spilled": [0, 0, None]}}})
+    [(0.0, 190, 0), (0.5, 590, 10)]
+    >>> totals(None)
+    []
+    """
+    if not isinstance(data, Mapping) or not data.get("t"):
+        return []
+    times, workers = data["t"], list((data.get("workers") or {}).values())
+    out: list[tuple[float, int, int]] = []
+    for i, t in enumerate(times):
+        process = spilled = 0
+        seen = False
+        for w in workers:
+            managed, unmanaged, spill = (w.get(f, [None] * len(times))[i] for f in _FIELDS)
+            if managed is None and unmanaged is None:
+                continue
+            seen = True
+            process += int(managed or 0) + int(unmanaged or 0)
+            spilled += int(spill or 0)
+        if seen:
+            out.append((round(float(t) - float(times[0]), 3), process, spilled))
+    return out
 
 
 def predicted_worker_peak(predicted_peak: Any, workers: Any) -> int | None:

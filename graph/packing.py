@@ -1,4 +1,4 @@
-"""Packing training branches (docs/architecture.md §7.3): several ``gpu.train`` branches, one task.
+"""Packing training branches (docs/architecture.md §7.3): several ``gpu.train`` (or ``gpu.train_loop``) branches, one task.
 
 **The rule.** Tasks of ``gpu.train`` are packable together when they read the same input
 (the same data task), ask for ``workers=1`` and a whole number of ``replicas``, train SMA
@@ -30,11 +30,12 @@ go on. So the run sees ordinary reports and answers for member keys: ``ReportCha
 the state machine need no change. At a ``max_iter`` the member finishes with what it learnt
 (its full result, not only its last report). A packed task the run cancels stops every member.
 
-**Generator steps are not packed.** Packing needs to know how to stack a step's state and
-run one step over all members at once; a generator is opaque code with its own loop, so two
-generators cannot share one vmap without a protocol for "stack yourself" (state as tensors,
-a per-member step function). ``gpu.train`` has that protocol internally (its flat weights);
-a user generator would need to declare it, which no step does today.
+**Generator steps are not packed; declared loops are.** Packing needs to know how to stack a
+step's state and run one step over all members at once; a generator is opaque code with its own
+loop, so two generators cannot share one batched call. ``gpu.train`` has that protocol
+internally (its flat weights); a user's own loop declares it as a ``gpu.Loop`` and runs as
+``gpu.train_loop`` (:mod:`gpu.loops`), whose tasks pack here alike (``kind="loop"``: the same
+input task, ``loop`` and ``batch_size``; :class:`gpu.PackedLoop` trains the group).
 
 >>> from dask.task_spec import Task, TaskRef
 >>> import gpu

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -53,14 +54,13 @@ def test_only_gpu_worker_calls_get_worker():
     assert calls == []
 
 
-def _client_after_failures(failures: int, stop_after: int | None = None):
-    """In a task: ``distributed.get_client`` fails ``failures`` times the way a worker's new
+@contextlib.contextmanager
+def _get_client_failing(failures: int):
+    """For the block: ``distributed.get_client`` fails ``failures`` times the way a worker's new
     client did in a chaos run after a fault (Dask's ``assert len(msg) == 1`` in
-    ``Client._ensure_connected``: a bare ``AssertionError``), then works; ``task_client`` waits it
-    out (or stops when told to)."""
+    ``Client._ensure_connected``: a bare ``AssertionError``), then works. Yields the list of
+    calls made so far."""
     import distributed
-
-    from gpu import worker as gw
 
     real, calls = distributed.get_client, []
 
@@ -72,11 +72,28 @@ def _client_after_failures(failures: int, stop_after: int | None = None):
 
     distributed.get_client = flaky
     try:
-        stop = (lambda: len(calls) >= stop_after) if stop_after else (lambda: False)
-        got = gw.task_client(stop, retry=0.01)
+        yield calls
     finally:
         distributed.get_client = real
+
+
+def _client_after_failures(failures: int, stop_after: int | None = None):
+    """In a task, with ``get_client`` failing: ``task_client`` waits it out (or stops when told to)."""
+    from gpu import worker as gw
+
+    with _get_client_failing(failures) as calls:
+        stop = (lambda: len(calls) >= stop_after) if stop_after else (lambda: False)
+        got = gw.task_client(stop, retry=0.01)
     return {"calls": len(calls), "scheduler": None if got is None else got.scheduler.address}
+
+
+def _train_sees_a_client_after_failures(failures: int) -> dict:
+    """In a task: ``gpu.train``'s "is there a client for a gang?" while ``get_client`` fails;
+    it must wait, not fail the branch."""
+    from gpu import training
+
+    with _get_client_failing(failures) as calls:
+        return {"available": training._client_available(), "calls": len(calls)}
 
 
 def test_a_tasks_client_is_waited_for_while_a_fault_leaves_it_connecting(client):
@@ -84,28 +101,6 @@ def test_a_tasks_client_is_waited_for_while_a_fault_leaves_it_connecting(client)
     assert got == {"calls": 4, "scheduler": client.scheduler.address}  # three failures, then the client
     stopped = client.submit(_client_after_failures, 10**6, 2, key="quiver-client-stop", pure=False).result()
     assert stopped == {"calls": 2, "scheduler": None}  # the run let the task go: no client, no error
-
-
-def _train_sees_a_client_after_failures(failures: int) -> dict:
-    """In a task: ``gpu.train``'s "is there a client for a gang?" while ``get_client`` fails
-    ``failures`` times as after a fault; it must wait, not fail the branch."""
-    import distributed
-
-    from gpu import training
-
-    real, calls = distributed.get_client, []
-
-    def flaky(*a, **k):
-        calls.append(1)
-        if len(calls) <= failures:
-            raise AssertionError()
-        return real(*a, **k)
-
-    distributed.get_client = flaky
-    try:
-        return {"available": training._client_available(), "calls": len(calls)}
-    finally:
-        distributed.get_client = real
 
 
 def test_train_asks_for_its_client_the_one_way(client):

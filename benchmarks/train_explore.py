@@ -345,7 +345,8 @@ METHODS = {
     "ray_asha": ("(e) Ray Tune ASHA", ray_run),
     "ray_exhaustive": ("(f) Ray Tune, no scheduler", ray_run),
 }
-QUICK_METHODS = ["quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "quiver_gpu_ssgd_packed", "optuna_sha"]
+QUICK_METHODS = ["quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "quiver_gpu_ssgd_packed",
+                 "quiver_loop_packed", "optuna_sha"]
 
 
 def _forget_mnist() -> None:

@@ -36,7 +36,7 @@ def test_train_explore_quick(tmp_path):
     n = len(data["configs"])
     epochs = data["size"]["epochs"]
     assert set(methods) == {"quiver_exhaustive", "quiver_halving", "quiver_gpu_packed", "quiver_gpu_ssgd_packed",
-                            "optuna_sha"}
+                            "quiver_loop_packed", "optuna_sha"}
     for name, m in methods.items():
         assert m["error"] is None, (name, m["error"])
         assert len(m["runs"]) == data["repeats"] == 1
@@ -52,8 +52,9 @@ def test_train_explore_quick(tmp_path):
             assert acc == pytest.approx(reference[tuple(config)], abs=1e-6), (name, config)
     # gpu.train's S-SGD over one replica is the same momentum SGD, packed or not; float order may flip
     # a few predictions
-    for config, acc in finished(methods["quiver_gpu_ssgd_packed"]["runs"][0]).items():
-        assert acc == pytest.approx(reference[tuple(config)], abs=0.01), config
+    for name in ("quiver_gpu_ssgd_packed", "quiver_loop_packed"):  # the declared loop too (gpu.Loop)
+        for config, acc in finished(methods[name]["runs"][0]).items():
+            assert acc == pytest.approx(reference[tuple(config)], abs=0.01), (name, config)
     best = max(reference.values())
     assert pruned["best_accuracy"] == pytest.approx(best, abs=1e-6)
     assert data["targets"]["c_vs_d"] is not None and data["targets"]["b_vs_d"] is not None

@@ -150,10 +150,12 @@ def test_samples_of_a_real_run_show_what_its_steps_hold(client, tmp_path):
     assert len(workers) == 2 and len(timeline["t"]) >= 4  # the first, the last, and every 0.5 s between
     assert timeline["t"] == sorted(timeline["t"]) and timeline["t"][0] == 0.0
     managed = [sum(w["managed"][i] or 0 for w in workers.values()) for i in range(len(timeline["t"]))]
-    # the first two results of 50 MiB were held together while the third block ran for 1 s (a sample
-    # every 0.5 s); all three are held only from the last block's end to the gather, tens of
-    # ms that the samples every 0.5 s may miss (a clean-clone CI saw [0, 2, 2, 102, 102, 0] MiB)
-    assert max(managed) - managed[0] >= 2 * 50 * MIB, [m // MIB for m in managed]
+    # a finished block's 50 MiB result is held while a later block runs for 1 s (a sample every
+    # 0.5 s). How many are held at once depends on where Dask ran the blocks: two in parallel
+    # after the source ([0, 2, 2, 102, 102, 0] MiB in one clean-clone CI), or the first alone
+    # while work stealing was still moving one off the source's worker ([0, 1, 1, 52, 52, 0] in
+    # another); the samples show a block held either way
+    assert max(managed) - managed[0] >= 50 * MIB, [m // MIB for m in managed]
     for w in workers.values():
         assert w["limit"] and w["limit"] > 0
         assert max(u or 0 for u in w["unmanaged"]) > 10 * MIB  # a Python process with numpy: tens of MiB

@@ -141,10 +141,12 @@ def _default_evaluate(loss: Callable) -> Callable[[nn.Module, Any], dict]:
 
 
 class _Member:
-    def __init__(self, name: Hashable, own: Mapping, hp: dict[str, float]) -> None:
-        self.name, self.hp = name, hp
-        self.seed = int(own.get("seed", 0))
-        self.epochs = int(own.get("epochs", DEFAULT_EPOCHS))
+    """One member's state besides its rows; ``cfg``: what :meth:`PackedLoop._config` made of its
+    keywords (``hp``, ``seed``, ``epochs``)."""
+
+    def __init__(self, name: Hashable, cfg: Mapping) -> None:
+        self.name, self.hp = name, cfg["hp"]
+        self.seed, self.epochs = cfg["seed"], cfg["epochs"]
         self.gen = torch.Generator().manual_seed(self.seed * 1000)
         self.epoch = 0
         self.history: list[dict] = []
@@ -315,7 +317,6 @@ class PackedLoop(Membership):
             self.configs[name] = self._config(name, own)
         loss = model.loss or nn.functional.cross_entropy
         self._evaluate = model.evaluate or _default_evaluate(loss)
-        self._loss = loss
         first = next(iter(self.configs.values()))
         self._module = self._build(first["seed"])
         self._rows_kind = (lambda t: _SGDRows(t, model.loss)) if model.step is None else \
@@ -349,7 +350,7 @@ class PackedLoop(Membership):
         bad = sorted(set(own) & set(LOOP_SHARED))
         if bad:
             raise ValueError(f"PackedLoop: member {name!r} sets {bad}, which members share")
-        return {"own": dict(own), "hp": self.loop.hyper(own), "seed": int(own.get("seed", 0)),
+        return {"hp": self.loop.hyper(own), "seed": int(own.get("seed", 0)),
                 "epochs": int(own.get("epochs", DEFAULT_EPOCHS))}
 
     def _build(self, seed: int) -> nn.Module:
@@ -365,7 +366,7 @@ class PackedLoop(Membership):
 
     def _start(self, name: Hashable) -> None:
         cfg = self.configs[name]
-        m = _Member(name, cfg["own"], cfg["hp"])
+        m = _Member(name, cfg)
         self.rows.add(self._build(m.seed), m.hp)
         self.members[name] = m
         self.order.append(m)
@@ -453,7 +454,7 @@ class PackedLoop(Membership):
             for _ in range(count):
                 scratch.add(self._module, first["hp"])
             gen = torch.Generator().manual_seed(first["seed"] * 1000 + 500_000)
-            fake = [_Member(j, first["own"], first["hp"]) for j in range(count)]
+            fake = [_Member(j, first) for j in range(count)]
             for m in fake:
                 m.gen = gen
             for _ in range(_REPEATS):

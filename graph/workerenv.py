@@ -87,13 +87,18 @@ _ENV = "MALLOC_MMAP_THRESHOLD_"
 _CONFIG = "quiver.worker.mmap-threshold"
 
 
+def _off(value: Any) -> bool:
+    """Whether a ``quiver.worker.*`` config value says "leave Dask's own setting"."""
+    return value in (None, False, 0, "0", "none", "None")
+
+
 def mmap_threshold() -> int:
     """The configured threshold in bytes (``0``: leave Dask's allocator setting alone)."""
     import dask
     from dask.utils import parse_bytes
 
     value = dask.config.get(_CONFIG, default=MMAP_THRESHOLD)
-    if value in (None, False, 0, "0", "none", "None"):
+    if _off(value):
         return 0
     nbytes = parse_bytes(value) if isinstance(value, str) else int(value)
     if not 0 < nbytes <= MMAP_THRESHOLD:
@@ -122,7 +127,7 @@ def profile_interval() -> str | None:
     from dask.utils import parse_timedelta
 
     value = dask.config.get(_PROFILE_CONFIG, default=PROFILE_INTERVAL)
-    if value in (None, False, 0, "0", "none", "None"):
+    if _off(value):
         return None
     try:
         seconds = parse_timedelta(value, default="ms")

@@ -13,7 +13,7 @@ def probe(seed: int) -> dict:
 
 def profiler(seed: int) -> dict:
     """How often this task's worker samples its threads for Dask's profiler (ms; None: off)."""
-    from distributed import get_worker
+    from gpu.worker import current_worker
 
-    pc = get_worker().periodic_callbacks.get("profile")
+    pc = current_worker().periodic_callbacks.get("profile")
     return {"profile_ms": None if pc is None else pc.callback_time, "m": float(seed)}

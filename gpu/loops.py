@@ -249,7 +249,7 @@ class _StepRows:
         self.hp = one_hp if self.hp is None else _cat(self.hp, one_hp)
 
     def drop(self, i: int) -> None:
-        rows = next(iter(self.hp.values())).shape[0] if self.hp else 1
+        rows = next(iter(self.state["params"].values())).shape[0]  # members: the state has one row each
         keep = [r for r in range(rows) if r != i]
         self.state, self.hp = (_rows(self.state, keep), _rows(self.hp, keep)) if keep else (None, None)
 

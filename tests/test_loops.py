@@ -120,6 +120,22 @@ def test_a_removed_member_leaves_the_others_unchanged_and_a_waiting_one_joins(di
         pack.result("b")
 
 
+def fixed_lr_step(forward, state, batch, hp):
+    """A user-written step with no hyper-parameters of its own (its rate is fixed inside)."""
+    x, y = batch
+    grads, loss = torch.func.grad_and_value(lambda p: F.cross_entropy(forward(p, x), y))(state["params"])
+    return {"params": {k: v - 0.1 * grads[k] for k, v in state["params"].items()}}, loss
+
+
+def test_a_step_without_hyper_parameters_packs_and_drops_members(digits):
+    loop = gpu.Loop(model=MLP, step=fixed_lr_step)
+    members = {"a": dict(seed=0, epochs=2), "b": dict(seed=1, epochs=2), "c": dict(seed=2, epochs=2)}
+    seen = run_pack(PackedLoop(digits, loop, members, batch_size=16), remove={"b": 1})
+    assert [r["epoch"] for r in seen["b"]] == [1]
+    for name in ("a", "c"):  # the rows of a and c stay theirs when b's leave
+        assert_same_curves(seen[name], list(train_loop(digits, loop=loop, batch_size=16, **members[name])))
+
+
 def test_auto_members_are_tuned_without_changing_training(digits):
     members = {"a": dict(lr=0.1, seed=0, epochs=1), "b": dict(lr=0.3, seed=1, epochs=1)}
     pack = PackedLoop(digits, LOOP, members, active="auto", batch_size=16)

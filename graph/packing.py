@@ -191,20 +191,22 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
     return take
 
 
-def _trainer_kind(kind: str) -> tuple[Any, Any]:
-    """``(trainer class, member-count memo key)`` for a packed group of ``kind`` (:func:`_train_fn`):
-    :class:`gpu.PackedTrainer` for ``gpu.train``, :class:`gpu.PackedLoop` for ``gpu.train_loop``
-    (the same interface)."""
+def _trainer_kind(kind: str) -> tuple[Any, Any, int]:
+    """``(trainer class, member-count memo key, epochs of a member that does not say)`` for a
+    packed group of ``kind`` (:func:`_train_fn`): :class:`gpu.PackedTrainer` for ``gpu.train``
+    (its members' ``gpu.TrainConfig``'s default), :class:`gpu.PackedLoop` for
+    ``gpu.train_loop`` (``gpu.loops.DEFAULT_EPOCHS``); the two have the same interface."""
     if kind == "loop":
-        from gpu.loops import PackedLoop, loop_members_memo_key
+        from gpu.loops import DEFAULT_EPOCHS, PackedLoop, loop_members_memo_key
 
-        return PackedLoop, loop_members_memo_key
+        return PackedLoop, loop_members_memo_key, DEFAULT_EPOCHS
+    from gpu.engine import TrainConfig
     from gpu.packing import PackedTrainer, members_memo_key
 
-    return PackedTrainer, members_memo_key
+    return PackedTrainer, members_memo_key, TrainConfig.__dataclass_fields__["epochs"].default
 
 
-def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None, default: int = 1) -> int:
+def _horizon(own: Mapping, shared: Mapping, prune: PruneSpec | None, default: int) -> int:
     """A member's most epochs: its ``epochs`` (or the group's, or the step's ``default``), cut by
     its pruning rule's ``max_iter``."""
     epochs = int(own.get("epochs", shared.get("epochs", default)))
@@ -227,10 +229,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     member leaves), takes one over from a busier pack of its group when it would otherwise end
     idle, and drops a member another pack took over; so the group's packed tasks share its
     members at run time. Without it (or outside a Dask task) it trains every member of ``members``."""
-    trainer_class, _ = _trainer_kind(kind)
-    default_epochs = 1
-    if kind == "loop":
-        from gpu.loops import DEFAULT_EPOCHS as default_epochs
+    trainer_class, _, default_epochs = _trainer_kind(kind)
     pack = _Task()
     horizon = {k: _horizon(members[k], shared, prunes.get(k), default_epochs) for k in members}
     take = _claimer(pack, claims, list(members), list(packs), horizon)
@@ -309,7 +308,7 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, m
 
     from gpu.worker import task_client
 
-    PackedTrainer, members_memo_key = _trainer_kind(kind)
+    PackedTrainer, members_memo_key, _ = _trainer_kind(kind)
     key = members_memo_key(model, data, shared, most)
     if key is None:
         return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)

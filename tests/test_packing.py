@@ -165,6 +165,22 @@ def explore(**overrides):
     return Pipeline("digits").source(gpu.load_digits_tensors, seed=0).explore("t", grid(gpu.train, **params))
 
 
+def test_a_members_horizon_is_the_epochs_its_trainer_trains(digits):
+    """The take-over rule (graph/state/claims.py) plans with each member's most epochs: for a
+    member that does not say, the epochs its packed trainer gives it (gpu.train's 5, not 1)."""
+    from gpu.loops import PackedLoop
+    from graph.packing import _horizon, _trainer_kind
+
+    _, _, default = _trainer_kind("train")
+    trained = PackedTrainer(digits, MLP, {"a": {"lr": 0.1}}, batch_size=32, replicas=1).configs["a"].epochs
+    assert _horizon({"lr": 0.1}, {"batch_size": 32}, None, default) == trained == 5
+    _, _, default = _trainer_kind("loop")
+    loop = gpu.Loop(model=MLP)
+    trained = PackedLoop(digits, loop, {"a": {"lr": 0.1}}, batch_size=32).configs["a"]["epochs"]
+    assert _horizon({"lr": 0.1}, {"batch_size": 32}, None, default) == trained == 10
+    assert _horizon({"lr": 0.1}, {}, PruneSpec(factor=3, min_iter=1, max_iter=3), default) == 3
+
+
 def test_packable_groups_follow_the_rule():
     assert [len(g) for g in packable_groups(explore().compile().graph)] == [2]
     # the members' own parameters may differ; what is trained otherwise may not

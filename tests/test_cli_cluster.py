@@ -29,6 +29,16 @@ PROTOCOL = "ucxx" if importlib.util.find_spec("distributed_ucxx") is not None el
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 
+# connects, waits for N workers and prints their process ids as JSON: run with ADDRESS N
+PROBE = """
+import json, os, sys
+from distributed import Client
+with Client(sys.argv[1], timeout="5s") as c:
+    c.wait_for_workers(int(sys.argv[2]), timeout=20)
+    print(json.dumps(c.run(os.getpid)))
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,20 +85,19 @@ def cluster(tmp_path_factory):
                     logs / f"worker{i}.log",
                 )
             )
-        from distributed import Client
-
+        # the readiness probe is a client in a process of its own: a UCX client in the test process
+        # segfaulted it (UCX's progress thread, at the client's connect or close) and took the whole run down
         deadline = time.time() + 90
         while True:
-            try:
-                with Client(address, timeout="5s") as c:
-                    c.wait_for_workers(2, timeout=max(1, deadline - time.time()))
-                    pids = c.run(os.getpid)
+            probe = subprocess.run([sys.executable, "-c", PROBE, address, "2"], cwd=ROOT, capture_output=True,
+                                   text=True, timeout=120)
+            if probe.returncode == 0:
+                pids = json.loads(probe.stdout.strip().splitlines()[-1])
                 break
-            except Exception:
-                if time.time() > deadline or any(p.poll() is not None for p in procs):
-                    raise RuntimeError("the dask CLI cluster did not start:\n" + "\n".join(
-                        f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(logs.glob("*.log"))))
-                time.sleep(0.5)
+            if time.time() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError("the dask CLI cluster did not start:\n" + probe.stderr[-2000:] + "\n".join(
+                    f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(logs.glob("*.log"))))
+            time.sleep(0.5)
         assert len(set(pids.values())) == 2  # two separate worker processes
         yield {"address": address, "dashboard": dashboard, "logs": logs}
     finally:

@@ -46,16 +46,19 @@ import torch
 import torch.nn.functional as F
 
 import gpu
+from gpu import lr_schedules
 from pipelines import Pipeline, grid, halving
 
 WARMUP_LRS = [0.01, 0.03, 0.1]
 WARMUP_BATCH = 32
 WARMUP_EPOCHS = 4
-SCHEDULES = ["constant", "exponential", "cosine", "linear"]
+SCHEDULES = ["constant", "exponential", "cosine", "linear"]  # gpu.lr_schedules' names
 BATCHES = [16, 64]
 EPOCHS = 6            # fine-tuning epochs (the rungs of halving(factor=3) are at 1 and 3)
 MOMENTUM = 0.9
 MLP = functools.partial(gpu.MLP, 784, 10, hidden=(128,))
+#: the same training declared (``--packed``): gpu.train_loop's built-in step is warm_up's and fine_tune's SGD
+LOOP = gpu.Loop(model=MLP)
 
 
 def load_mnist(seed: int = 0) -> gpu.DataSplit:
@@ -108,7 +111,7 @@ def warm_up(data: gpu.DataSplit, lr: float, epochs: int = WARMUP_EPOCHS, batch: 
 
     >>> ckpt = warm_up(load_mnist(), lr=0.03, epochs=1)    # doctest: +SKIP
     >>> sorted(k for k in ckpt if k != "data")             # doctest: +SKIP
-    ['accuracy', 'epochs', 'lr', 'meta', 'model', 'optimizer', 'seconds', 'seed']
+    ['accuracy', 'epochs', 'lr', 'meta', 'model', 'optimizer', 'order', 'seconds', 'seed']
     """
     _mark(log_dir, "warmup", f"{lr:g}")
     t0 = time.perf_counter()
@@ -120,29 +123,12 @@ def warm_up(data: gpu.DataSplit, lr: float, epochs: int = WARMUP_EPOCHS, batch: 
     order_gen = torch.Generator().manual_seed(seed * 1000)
     for epoch in range(epochs):
         def ramp(i, steps, epoch=epoch):
-            return lr * (0.1 + 0.9 * (epoch * steps + i + 1) / (epochs * steps))
+            return lr * lr_schedules.factor("ramp", epoch * steps + i, epochs * steps)
 
         _epoch(net, opt, data, batch, order_gen, ramp)
     return {"model": net.state_dict(), "optimizer": opt.state_dict(), "lr": lr, "epochs": epochs,
-            "seed": seed, "accuracy": _accuracy(net, data), "data": data, "meta": meta,
+            "seed": seed, "accuracy": _accuracy(net, data), "data": data, "meta": meta, "order": order_gen.get_state(),
             "seconds": time.perf_counter() - t0}
-
-
-def schedule_factor(schedule: str, progress: float) -> float:
-    """The learning rate over the peak after ``progress`` (0 to 1) of the fine-tuning's steps.
-
-    >>> [round(schedule_factor(s, 0.5), 3) for s in SCHEDULES]
-    [1.0, 0.224, 0.5, 0.5]
-    """
-    if schedule == "constant":
-        return 1.0
-    if schedule == "exponential":
-        return 0.05 ** progress
-    if schedule == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return 1 - progress
-    raise ValueError(f"fine_tune: schedule={schedule!r} is not one of {SCHEDULES}; pick one of those")
 
 
 def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_dir: str | None = None):
@@ -156,6 +142,7 @@ def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_d
     >>> next(fine_tune(warm_up(load_mnist(), 0.03, 1), "cosine", 64))["accuracy"] > 0.8  # doctest: +SKIP
     True
     """
+    lr_schedules.check(schedule)
     _mark(log_dir, "finetune", f"{ckpt['lr']:g}-{schedule}-{batch}")
     torch.set_num_threads(1)
     data = ckpt["data"]
@@ -163,14 +150,15 @@ def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_d
     net.load_state_dict(ckpt["model"])                 # copies the weights into net's own tensors
     opt = torch.optim.SGD(net.parameters(), lr=ckpt["lr"], momentum=MOMENTUM)
     opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # its buffers would be the checkpoint's, updated in place
-    # the batch order continues from the warm-up's seed, one stream per batch size
-    order_gen = torch.Generator().manual_seed(ckpt["seed"] * 1000 + 1 + batch)
+    # the batch order continues where the warm-up's stopped (as gpu.train_loop continuing a checkpoint does)
+    order_gen = torch.Generator()
+    order_gen.set_state(ckpt["order"])
     report = None
     for epoch in range(epochs):
         t0 = time.perf_counter()
 
         def lr_at(i, steps, epoch=epoch):
-            return ckpt["lr"] * schedule_factor(schedule, (epoch * steps + i) / (epochs * steps))
+            return ckpt["lr"] * lr_schedules.factor(schedule, epoch * steps + i, epochs * steps)
 
         loss = _epoch(net, opt, data, batch, order_gen, lr_at)
         report = {"accuracy": _accuracy(net, data), "loss": loss, "lr": opt.param_groups[0]["lr"],
@@ -180,12 +168,26 @@ def fine_tune(ckpt: dict, schedule: str, batch: int, epochs: int = EPOCHS, log_d
 
 
 def exploration(warmup_lrs=WARMUP_LRS, schedules=SCHEDULES, batches=BATCHES, warmup_epochs: int = WARMUP_EPOCHS,
-                epochs: int = EPOCHS, keep: int | None = 2, prune: bool = True, log_dir: str | None = None):
+                epochs: int = EPOCHS, keep: int | None = 2, prune: bool = True, log_dir: str | None = None,
+                packed: bool = False):
     """Stage 1 explored over ``warmup_lrs``, a choose keeping the ``keep`` best warm-ups (``None``:
     all), stage 2 explored over ``schedules x batches`` from each kept checkpoint, and a pruning
     choose over every fine-tuning (no ``max_iter``: a fine-tuning that runs to its end returns
     its value, the model included, not its last report). Table columns ``warmup.lr``, ``finetune.schedule``, ``finetune.batch``.
+
+    ``packed=True``: the same training as a declared loop, :func:`gpu.train_loop` with
+    ``schedule="ramp"`` then continuing its result's checkpoint; the fine-tunings of one warm-up
+    and batch size then train packed, as one group (column ``finetune.batch_size``; ``log_dir`` unused).
     """
+    if packed:
+        warm = (Pipeline("staged-mnist").source(load_mnist, seed=0)
+                .explore("warmup", grid(gpu.train_loop, loop=[LOOP], lr=list(warmup_lrs), momentum=[MOMENTUM],
+                                        batch_size=[WARMUP_BATCH], epochs=[warmup_epochs], schedule=["ramp"])))
+        if keep is not None:
+            warm = warm.choose("accuracy", mode="max", k=keep)
+        tuned = warm.explore("finetune", grid(gpu.train_loop, loop=[LOOP], schedule=list(schedules),
+                                              batch_size=list(batches), epochs=[epochs]))
+        return tuned.choose("accuracy", mode="max", prune=halving(factor=3, min_iter=1) if prune else None)
     extra = {"log_dir": [log_dir]} if log_dir else {}
     warm = (Pipeline("staged-mnist").source(load_mnist, seed=0)
             .explore("warmup", grid(warm_up, lr=list(warmup_lrs), epochs=[warmup_epochs], **extra)))
@@ -205,18 +207,19 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="2 warm-ups x 2 fine-tunings, 1 + 2 epochs")
     ap.add_argument("--all", action="store_true", help="no choose between the stages: fine-tune every warm-up")
     ap.add_argument("--no-prune", action="store_true", help="train every fine-tuning to the end")
+    ap.add_argument("--packed", action="store_true", help="the declared loop: fine-tunings of a warm-up train packed")
     args = ap.parse_args(argv)
     keep = None if args.all else 2
     if args.quick:
         node = exploration([0.03, 0.1], ["constant", "cosine"], [64], warmup_epochs=1, epochs=2,
-                           keep=None if args.all else 1, prune=not args.no_prune)
+                           keep=None if args.all else 1, prune=not args.no_prune, packed=args.packed)
     else:
-        node = exploration(keep=keep, prune=not args.no_prune)
+        node = exploration(keep=keep, prune=not args.no_prune, packed=args.packed)
     result = node.run(workers=2, threads_per_worker=1)
     table = result.table
     table["last accuracy"] = [h[-1]["accuracy"] if h else float("nan") for h in result.history]
-    cols = ["warmup.lr", "finetune.schedule", "finetune.batch", "iterations", "last accuracy", "accuracy",
-            "status", "chosen"]
+    batch = "finetune.batch_size" if args.packed else "finetune.batch"
+    cols = ["warmup.lr", "finetune.schedule", batch, "iterations", "last accuracy", "accuracy", "status", "chosen"]
     print(table[cols].to_string())
     row = result.chosen.iloc[0]
     s = result.stats
@@ -225,7 +228,7 @@ def main(argv=None) -> None:
     trained = warmups * warmup_epochs + int(table["iterations"].sum())
     from_scratch = len(table) * warmup_epochs + int(table["iterations"].sum())
     print(f"\nchosen: warm-up lr={row['warmup.lr']:g}, {row['finetune.schedule']} decay, batch "
-          f"{row['finetune.batch']}: held-out accuracy {result.value['accuracy']:.4f}")
+          f"{row[batch]}: held-out accuracy {result.value['accuracy']:.4f}")
     print(f"{warmups} warm-ups trained once each for {len(table)} fine-tunings ({s['pruned_branches']} pruned): "
           f"{trained} epochs in all, where trials from scratch would train {from_scratch}; "
           f"{s['executed_tasks']} tasks; {s['wall_seconds']:.1f}s")

@@ -48,6 +48,7 @@ _LAZY = {
     "PackedTrainer": "gpu.packing",
     "tune_members": "gpu.packing",
     # a user's own training loop, declared so that a run can pack it
+    "Checkpoint": "gpu.loops",
     "Loop": "gpu.loops",
     "PackedLoop": "gpu.loops",
     "train_loop": "gpu.loops",

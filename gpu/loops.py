@@ -54,16 +54,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from . import lr_schedules
 from .packing import Membership, tune_members
 
-__all__ = ["DEFAULT_EPOCHS", "LOOP_SHARED", "SGD_PARAMS", "Loop", "PackedLoop", "loop_members_memo_key", "split_loop_params",
-           "train_loop"]
+__all__ = ["DEFAULT_EPOCHS", "LOOP_SHARED", "SGD_PARAMS", "Checkpoint", "Loop", "PackedLoop", "loop_members_memo_key",
+           "split_loop_params", "train_loop"]
 
 #: the built-in step's hyper-parameters (its defaults: ``momentum=0``, ``weight_decay=0``)
 SGD_PARAMS = ("lr", "momentum", "weight_decay")
 #: :func:`train_loop` arguments that members of one packed group share; every other one is a member's own
 LOOP_SHARED = ("loop", "batch_size")
-_OWN = ("seed", "epochs")
+_OWN = ("seed", "epochs", "schedule")
 #: :func:`train_loop`'s ``epochs`` when a member does not say
 DEFAULT_EPOCHS = 10  # a member's own, but not a hyper-parameter its step reads
 _SGD_DEFAULTS = {"momentum": 0.0, "weight_decay": 0.0}
@@ -93,11 +94,12 @@ class Loop:
         if self.init is not None and self.step is None:
             raise ValueError("gpu.Loop: init= makes the state of your own step=; the built-in SGD step keeps its own")
 
-    def hyper(self, params: Mapping[str, Any]) -> dict[str, float]:
-        """One member's hyper-parameters from its :func:`train_loop` keywords (``seed`` and
-        ``epochs`` aside), checked: numbers only, and for the built-in step only ``lr``,
-        ``momentum`` and ``weight_decay`` (the last two default to 0)."""
-        hp = {k: v for k, v in params.items() if k not in _OWN}
+    def hyper(self, params: Mapping[str, Any], base: Mapping[str, float] | None = None) -> dict[str, float]:
+        """One member's hyper-parameters from its :func:`train_loop` keywords (``seed``,
+        ``epochs`` and ``schedule`` aside), checked: numbers only, and for the built-in step only
+        ``lr``, ``momentum`` and ``weight_decay`` (the last two default to 0). ``base``: the
+        values a member continuing a :class:`Checkpoint` inherits where it does not set them."""
+        hp = {**(base or {}), **{k: v for k, v in params.items() if k not in _OWN}}
         bad = {k: v for k, v in hp.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
         if bad:
             raise ValueError(f"train_loop: hyper-parameters must be numbers (each member's are stacked into "
@@ -108,7 +110,8 @@ class Loop:
                 raise ValueError(f"train_loop: {unknown} are not parameters of the built-in SGD step, which takes "
                                  f"{list(SGD_PARAMS)}; give gpu.Loop(step=...) for a step of your own")
             if "lr" not in hp:
-                raise ValueError("train_loop: lr= is required by the built-in SGD step, e.g. lr=0.1")
+                raise ValueError("train_loop: lr= is required by the built-in SGD step, e.g. lr=0.1 (a member "
+                                 "continuing a checkpoint inherits its lr)")
             hp = {**_SGD_DEFAULTS, **hp}
         return {k: float(v) for k, v in hp.items()}
 
@@ -124,10 +127,45 @@ def split_loop_params(kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
     return shared, {k: v for k, v in kwargs.items() if k not in LOOP_SHARED}
 
 
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """Where a finished :func:`train_loop` member stopped, to continue from: a second stage's
+    ``train_loop`` whose input is the first stage's result (which holds this as
+    ``"checkpoint"``) starts every member from it instead of from fresh weights.
+
+    ``data``: the split it trained on (a reference, not a copy: a later stage trains on the
+    same data); ``weights``: the model's parameters by name; ``rows``: the step's own state
+    (the built-in step's momentum buffer, or a ``step=``'s state) and ``step_kind`` which step
+    made it (``"sgd"`` or ``"step"``); ``hp``: the member's hyper-parameters, the defaults of a
+    continuing member; ``generator``: the batch order's random state (a continuing member's
+    order goes on from it); ``epochs``: the epochs it trained. Tensors only, no module: it
+    pickles and moves between workers like any value.
+    """
+
+    data: Any
+    weights: dict
+    rows: Any
+    step_kind: str
+    hp: dict
+    generator: Tensor
+    epochs: int
+
+
+def _checkpoint(data: Any) -> Checkpoint | None:
+    """The checkpoint a step's input continues from: the input itself, or the ``"checkpoint"``
+    of an earlier ``train_loop``'s result; ``None`` for plain data."""
+    if isinstance(data, Checkpoint):
+        return data
+    if isinstance(data, Mapping) and isinstance(data.get("checkpoint"), Checkpoint):
+        return data["checkpoint"]
+    return None
+
+
 def _data_split(data: Any) -> Any:
     from .training import _as_data
 
-    return _as_data(data)
+    start = _checkpoint(data)
+    return _as_data(start.data if start is not None else data)
 
 
 def _default_evaluate(loss: Callable) -> Callable[[nn.Module, Any], dict]:
@@ -146,11 +184,13 @@ class _Member:
 
     def __init__(self, name: Hashable, cfg: Mapping) -> None:
         self.name, self.hp = name, cfg["hp"]
-        self.seed, self.epochs = cfg["seed"], cfg["epochs"]
+        self.seed, self.epochs, self.schedule = cfg["seed"], cfg["epochs"], cfg["schedule"]
         self.gen = torch.Generator().manual_seed(self.seed * 1000)
         self.epoch = 0
+        self.steps = 0  # training steps taken (the schedule's clock)
         self.history: list[dict] = []
         self.final: Any = None  # its parameters when it finished
+        self.rows_state: Any = None  # and its step's state (momentum buffer, a step=' state)
         self.outcome: str | None = None  # None (training or waiting), "finished", "removed"
 
 
@@ -188,23 +228,31 @@ class _SGDRows:
         self.V = self.W.clone()
         self.hp = torch.zeros(0, 3, dtype=self.fm.dtype, device=self.fm.device)
 
-    def add(self, module: nn.Module, hp: dict[str, float]) -> None:
+    kind = "sgd"
+
+    def add(self, module: nn.Module, hp: dict[str, float], resume: Any = None) -> None:
         w = self.fm.layout.flatten(module).to(self.W).unsqueeze(0)
         self.W = torch.cat([self.W, w])
-        self.V = torch.cat([self.V, torch.zeros_like(w)])
+        v = torch.zeros_like(w) if resume is None else resume["momentum"].to(w).reshape(w.shape)
+        self.V = torch.cat([self.V, v])
         self.hp = torch.cat([self.hp, torch.tensor([[hp[k] for k in SGD_PARAMS]]).to(self.hp)])
 
     def drop(self, i: int) -> None:
         keep = [r for r in range(self.W.shape[0]) if r != i]
         self.W, self.V, self.hp = self.W[keep], self.V[keep], self.hp[keep]
 
-    def step(self, x: Tensor, y: Tensor) -> Tensor:
+    def step(self, x: Tensor, y: Tensor, scale: Tensor | None = None) -> Tensor:
         G, losses = self.fm.row_grads(self.W, x, y)
         lr, mom, wd = (self.hp[:, j:j + 1] for j in range(3))
+        if scale is not None:  # each member's schedule factor this step
+            lr = lr * scale.to(lr).unsqueeze(1)
         G.addcmul_(wd, self.W)
         self.V.mul_(mom).add_(G)
         self.W.addcmul_(lr, self.V, value=-1.0)
         return losses
+
+    def member_state(self, i: int) -> dict:
+        return {"momentum": self.V[i].clone()}
 
     def load(self, module: nn.Module, i: int) -> nn.Module:
         return self.fm.layout.load(module, self.W[i])
@@ -237,10 +285,12 @@ class _StepRows:
         self.state: Any = None
         self.hp: Any = None
 
-    def add(self, module: nn.Module, hp: dict[str, float]) -> None:
+    kind = "step"
+
+    def add(self, module: nn.Module, hp: dict[str, float], resume: Any = None) -> None:
         params = {k: v.detach().clone() for k, v in module.named_parameters()}
         hpt = {k: torch.tensor(v) for k, v in hp.items()}
-        state = self._init(params, hpt)
+        state = self._init(params, hpt) if resume is None else resume
         if not isinstance(state, Mapping) or "params" not in state:
             raise ValueError("gpu.Loop: init(params, hp) must return a dict of tensors holding 'params' "
                              f"(the model's parameters by name); got {type(state).__name__}")
@@ -253,8 +303,9 @@ class _StepRows:
         keep = [r for r in range(rows) if r != i]
         self.state, self.hp = (_rows(self.state, keep), _rows(self.hp, keep)) if keep else (None, None)
 
-    def step(self, x: Tensor, y: Tensor) -> Tensor:
-        state, losses = self._vstep(self.state, x, y, self.hp)
+    def step(self, x: Tensor, y: Tensor, scale: Tensor | None = None) -> Tensor:
+        hp = self.hp if scale is None else {**self.hp, "lr": self.hp["lr"] * scale.to(self.hp["lr"])}
+        state, losses = self._vstep(self.state, x, y, hp)
         if not isinstance(state, Mapping) or "params" not in state:
             raise ValueError("gpu.Loop: step(forward, state, batch, hp) must return (state, loss) with the "
                              "state a dict holding 'params'")
@@ -263,6 +314,11 @@ class _StepRows:
 
     def params(self, i: int) -> dict[str, Tensor]:
         return {k: v[i].detach().clone() for k, v in self.state["params"].items()}
+
+    def member_state(self, i: int) -> Any:
+        from torch.utils._pytree import tree_map
+
+        return tree_map(lambda leaf: leaf[i].detach().clone(), self.state)
 
     @torch.no_grad()
     def load_params(self, module: nn.Module, params: Mapping[str, Tensor]) -> nn.Module:
@@ -307,7 +363,8 @@ class PackedLoop(Membership):
         bad = sorted(set(shared) - {"batch_size"})
         if bad:
             raise ValueError(f"PackedLoop: unknown shared parameters {bad}; members share only batch_size")
-        self.data, self.loop = data, model
+        self.start = _checkpoint(data)  # members continue from it (a second stage), or start fresh
+        self.data, self.loop = (self.start.data if self.start is not None else data), model
         self.batch_size = int(shared.get("batch_size", 32))
         if self.batch_size < 1:
             raise ValueError(f"train_loop: batch_size={self.batch_size} must be >= 1")
@@ -350,8 +407,13 @@ class PackedLoop(Membership):
         bad = sorted(set(own) & set(LOOP_SHARED))
         if bad:
             raise ValueError(f"PackedLoop: member {name!r} sets {bad}, which members share")
-        return {"hp": self.loop.hyper(own), "seed": int(own.get("seed", 0)),
-                "epochs": int(own.get("epochs", DEFAULT_EPOCHS))}
+        hp = self.loop.hyper(own, base=self.start.hp if self.start is not None else None)
+        schedule = lr_schedules.check(own.get("schedule", "constant"))
+        if schedule != "constant" and "lr" not in hp:
+            raise ValueError(f"train_loop: member {name!r} has schedule={schedule!r} but its step takes no lr= to "
+                             "scale; give lr=... (the schedule multiplies it before every step)")
+        return {"hp": hp, "seed": int(own.get("seed", 0)), "epochs": int(own.get("epochs", DEFAULT_EPOCHS)),
+                "schedule": schedule}
 
     def _build(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)  # the member's own seeded weights, as its solo run builds them
@@ -367,14 +429,19 @@ class PackedLoop(Membership):
     def _start(self, name: Hashable) -> None:
         cfg = self.configs[name]
         m = _Member(name, cfg)
-        self.rows.add(self._build(m.seed), m.hp)
+        module, resume = self._build(m.seed), None
+        if self.start is not None:  # continue the checkpoint: its weights, batch order and step state
+            self._load_weights(module, self.start.weights)
+            m.gen.set_state(self.start.generator)
+            resume = self.start.rows if self.start.step_kind == self.rows.kind else None
+        self.rows.add(module, m.hp, resume)
         self.members[name] = m
         self.order.append(m)
 
     def _leave(self, m: _Member, outcome: str) -> None:
         i = self.order.index(m)
         if outcome == "finished":
-            m.final = self.rows.params(i)
+            m.final, m.rows_state = self.rows.params(i), self.rows.member_state(i)
         self.rows.drop(i)
         self.order.pop(i)
         m.outcome = outcome
@@ -398,6 +465,18 @@ class PackedLoop(Membership):
                                  "number of batches of the same shapes (drop the last incomplete batch)")
             yield torch.stack([g[0] for g in got]), torch.stack([g[1] for g in got])
 
+    @staticmethod
+    @torch.no_grad()
+    def _load_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> None:
+        own = dict(module.named_parameters())
+        if set(own) != set(weights) or any(own[k].shape != weights[k].shape for k in own):
+            raise ValueError("train_loop: the checkpoint's weights do not fit this loop's model (parameters "
+                             f"{sorted((k, tuple(v.shape)) for k, v in weights.items())} vs "
+                             f"{sorted((k, tuple(v.shape)) for k, v in own.items())}); continue it with a Loop "
+                             "whose model() builds the same architecture")
+        for k, p in own.items():
+            p.copy_(weights[k])
+
     def epoch(self) -> dict:
         """One epoch of every active member; ``{name: report}`` (empty once nobody is left)."""
         members = list(self.order)
@@ -406,9 +485,20 @@ class PackedLoop(Membership):
         t0 = time.perf_counter()
         total = torch.zeros(len(members))
         steps = 0
-        for x, y in self._epoch_batches(members):
-            total += self.rows.step(x, y).to(total)
+        batches = self._epoch_batches(members)
+        scheduled = any(m.schedule != "constant" for m in members)
+        if scheduled and not self._default_batches:
+            batches = list(batches)  # a schedule needs the epoch's length
+        per_epoch = (self.steps if self._default_batches else len(batches)) if scheduled else 0
+        for x, y in batches:
+            scale = None
+            if scheduled:
+                scale = torch.tensor([lr_schedules.factor(m.schedule, m.steps + steps, m.epochs * per_epoch)
+                                      for m in members])
+            total += self.rows.step(x, y, scale).to(total)
             steps += 1
+        for m in members:
+            m.steps += steps
         seconds = time.perf_counter() - t0
         samples = steps * self.batch_size
         reports = {}
@@ -439,7 +529,11 @@ class PackedLoop(Membership):
             raise ValueError(f"PackedLoop.result: member {name!r} has not finished (it is {state})")
         module = self.rows.load_params(self._build(m.seed), m.final)
         last = m.history[-1] if m.history else {}
-        return {**last, "model": module, "history": list(m.history),
+        checkpoint = Checkpoint(
+            data=self.data, weights={k: v.detach().clone() for k, v in module.named_parameters()},
+            rows=m.rows_state, step_kind=self.rows.kind, hp=dict(m.hp), generator=m.gen.get_state(),
+            epochs=m.epoch + (self.start.epochs if self.start is not None else 0))
+        return {**last, "model": module, "history": list(m.history), "checkpoint": checkpoint,
                 "packed": max((h["members"] for h in m.history), default=1),
                 "packing": [list(p) for p in self.tuning]}
 

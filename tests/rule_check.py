@@ -5,9 +5,11 @@ gpu.train_loop), with the packing tests' run that SIGKILLs a reporting pack's wo
 from __future__ import annotations
 
 
-def check_rule(result, factor):
+def check_rule(result, factor, before=0):
     """The run's rung decisions equal the rule written out on the run's own arrival order, no
-    branch is counted twice at a rung, and every branch stopped exactly where it was told."""
+    branch is counted twice at a rung, and every branch stopped exactly where it was told.
+    ``before``: reports of iterative steps before the pruned one on each row's path (a
+    row's ``iterations`` counts them too; its rungs count the pruned step's own)."""
     by_rung: dict = {}
     for e in result.rungs:
         by_rung.setdefault((e["group"], e["rung"]), []).append(e)
@@ -23,7 +25,7 @@ def check_rule(result, factor):
                 stopped_at[e["input"]] = e["iteration"]
     for i, row in result.table.iterrows():
         if i in stopped_at:
-            assert row["status"] == "pruned" and row["iterations"] == stopped_at[i]
+            assert row["status"] == "pruned" and row["iterations"] == before + stopped_at[i]
         else:
             assert row["status"] in ("ok", "failed", "cancelled"), row["status"]
     return stopped_at

@@ -11,8 +11,11 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 import gpu
+from gpu import lr_schedules
 import pipelines
 from gpu.loops import PackedLoop, train_loop
 from graph.packing import packable_groups
@@ -166,6 +169,89 @@ def test_bad_loops_are_refused_with_the_fix(digits):
                       batch_size=16)
     with pytest.raises(ValueError, match="same number of batches of the same shapes"):
         pack.epoch()
+
+
+def hand_two_stages(data, lr, momentum, warm_epochs, schedule, batch, epochs, lr2=None):
+    """A warm-up with a ramped rate, then a fine-tuning continuing the same optimizer (its
+    momentum buffers) and batch-order generator with a decay ``schedule``: the loop by hand."""
+    from gpu import lr_schedules
+
+    torch.manual_seed(0)
+    net = MLP()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    gen = torch.Generator().manual_seed(0)
+    x, y = data.x_train, data.y_train
+
+    def stage(base, sched, size, n):
+        steps, out = len(x) // size, []
+        for e in range(n):
+            order = torch.randperm(len(x), generator=gen)
+            for i in range(steps):
+                for group in opt.param_groups:
+                    group["lr"] = base * lr_schedules.factor(sched, e * steps + i, n * steps)
+                idx = order[i * size:(i + 1) * size]
+                opt.zero_grad()
+                F.cross_entropy(net(x[idx]), y[idx]).backward()
+                opt.step()
+            with torch.no_grad():
+                out.append(float((net(data.x_test).argmax(1) == data.y_test).float().mean()))
+        return out
+
+    stage(lr, "ramp", 16, warm_epochs)
+    return stage(lr if lr2 is None else lr2, schedule, batch, epochs)
+
+
+def drain(gen):
+    reports = []
+    while True:
+        try:
+            reports.append(next(gen))
+        except StopIteration as stop:
+            return reports, stop.value
+
+
+def test_a_second_stage_continues_the_checkpoint_with_each_members_schedule(digits):
+    """Stage 2 continues stage 1's weights, momentum buffers and batch order, each member with its
+    own decay schedule (and the warm-up's lr and momentum unless it sets its own): packed, it
+    reports what the loop written by hand reports."""
+    _, warm = drain(train_loop(digits, loop=LOOP, lr=0.1, momentum=0.9, batch_size=16, epochs=2, schedule="ramp"))
+    assert isinstance(warm["checkpoint"], gpu.Checkpoint) and warm["checkpoint"].epochs == 2
+    members = {"cos": dict(schedule="cosine", epochs=3), "exp": dict(schedule="exponential", epochs=2),
+               "flat": dict(epochs=3), "slow": dict(schedule="linear", lr=0.02, epochs=3)}
+    seen = run_pack(PackedLoop(warm, LOOP, members, batch_size=32))
+    for name, own in members.items():
+        want = hand_two_stages(digits, 0.1, 0.9, 2, own.get("schedule", "constant"), 32, own["epochs"],
+                               lr2=own.get("lr"))
+        assert [r["accuracy"] for r in seen[name]] == pytest.approx(want, abs=1e-6), name
+        assert seen[name][0]["members"] == 4
+    # the same member alone continues identically, and its own result continues again (a third stage)
+    alone, second = drain(train_loop(warm, loop=LOOP, batch_size=32, epochs=3, schedule="cosine"))
+    assert_same_curves(seen["cos"], alone)
+    assert second["checkpoint"].epochs == 5 and second["checkpoint"].data is warm["checkpoint"].data
+    third, _ = drain(train_loop(second, loop=LOOP, batch_size=32, epochs=1))
+    assert third[0]["accuracy"] > 0.5
+
+
+def test_schedules_and_checkpoints_refuse_bad_input_with_the_fix(digits):
+    with pytest.raises(ValueError, match=r"schedule='step' is not one of \['constant', 'linear'"):
+        next(train_loop(digits, loop=LOOP, lr=0.1, schedule="step"))
+    with pytest.raises(ValueError, match="schedule='cosine' but its step takes no lr="):
+        next(train_loop(digits, loop=gpu.Loop(model=MLP, step=fixed_lr_step), schedule="cosine"))
+    _, warm = drain(train_loop(digits, loop=LOOP, lr=0.1, batch_size=16, epochs=1))
+    wider = gpu.Loop(model=functools.partial(gpu.MLP, 64, 10, hidden=(32,)))
+    with pytest.raises(ValueError, match="checkpoint's weights do not fit this loop's model"):
+        next(train_loop(warm, loop=wider, batch_size=16, epochs=1))
+
+
+@given(schedule=st.sampled_from(lr_schedules.SCHEDULES), total=st.integers(1, 10_000), data=st.data())
+def test_built_in_schedules_stay_between_a_tenth_or_zero_and_one(schedule, total, data):
+    step = data.draw(st.integers(0, total - 1))
+    f = lr_schedules.factor(schedule, step, total)
+    assert 0.0 <= f <= 1.0
+    if step == 0 and schedule != "ramp":
+        assert f == 1.0  # a decay starts at the base rate
+    if schedule == "ramp" and step == total - 1:
+        assert f == pytest.approx(1.0)  # a warm-up ends at it
 
 
 def explore(**overrides):

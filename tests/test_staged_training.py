@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import gpu
 from pipelines import Pipeline, grid, halving
 from tests.example_module import example_module
 from tests.rule_check import check_rule
@@ -118,6 +119,37 @@ def test_each_warm_up_runs_once_and_halving_ranks_every_fine_tuning_together(cli
     # epochs trained: the stage tree, not trials x epochs
     trained = len(LRS) * WARMUP_EPOCHS + int(table["iterations"].sum())
     assert trained < len(table) * (WARMUP_EPOCHS + EPOCHS)
+
+
+def test_the_declared_loop_packs_both_stages_with_the_hand_written_reports(client, example):
+    """``exploration(packed=True)``: the same training as ``gpu.train_loop`` (a ramped warm-up,
+    then each decay schedule continuing its checkpoint): the warm-ups train as one packed group,
+    the fine-tunings of a warm-up together, and every fine-tuning report is the hand-written
+    steps' (what the benchmark's Optuna baseline runs). Learning rates where both ways agree to
+    float rounding: at 0.1 with momentum 0.9 the batched gradient's last-bit differences grow
+    within an epoch (either run is a valid training; neither repeats the other)."""
+    lrs = [0.01, 0.03]
+    node = example.exploration(lrs, SCHEDULES, BATCHES, warmup_epochs=WARMUP_EPOCHS, epochs=EPOCHS, keep=None,
+                               packed=True)
+    result = node.run(client, progress=False, quiet=True)
+    table, history = result.table, result.history
+    assert len(table) == len(lrs) * len(SCHEDULES) * len(BATCHES)
+    # every warm-up and every fine-tuning trained in a packed task, fine-tunings of a warm-up together
+    assert result.stats["packed_branches"] == len(lrs) + len(table)
+    assert max(h["members"] for reports in history for h in reports) >= 2
+    warm_ups = {}
+    for row, (_, r) in enumerate(table.iterrows()):
+        # a row's history: the warm-up's report (the same for all its fine-tunings), then its own
+        warm, own = history[row][:WARMUP_EPOCHS], history[row][WARMUP_EPOCHS:]
+        assert warm_ups.setdefault(r["warmup.lr"], warm) == warm and 1 <= len(own) <= EPOCHS
+        want = from_scratch(example, r["warmup.lr"], r["finetune.schedule"], r["finetune.batch_size"])
+        for got, exp in zip(own, want):
+            assert got["accuracy"] == pytest.approx(exp["accuracy"], abs=1e-5)
+            assert got["loss"] == pytest.approx(exp["loss"], rel=1e-4)
+    # rungs count the fine-tuning's own epochs
+    assert set(check_rule(result, factor=3, before=WARMUP_EPOCHS).values()) == {1}
+    assert set(table["status"]) == {"ok", "pruned"}
+    assert isinstance(result.value["checkpoint"], gpu.Checkpoint)  # a third stage could continue it
 
 
 def tripwire_exploration(example, log_dir, keep=1, result_is_checkpoint=False):

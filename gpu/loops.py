@@ -342,8 +342,8 @@ class PackedLoop(Membership):
     rule, :func:`gpu.tune_members`, up to ``most``), the others wait and join as places free;
     :meth:`epoch` trains every active member one epoch and returns ``{name: report}``;
     :meth:`add`, :meth:`remove`, :meth:`finish`, :meth:`result`. ``shared``: ``batch_size``
-    (default 32). ``publish`` is accepted for the interface; a loop's reports reach the run
-    through its task's own report sending.
+    (default 32). ``publish``: inside a Dask task, each member's start, epochs and end go to the
+    dashboard's training page under its name (its task key), as a packed ``gpu.train``'s do.
 
     >>> import functools, gpu
     >>> loop = gpu.Loop(model=functools.partial(gpu.MLP, 64, 10))
@@ -363,6 +363,7 @@ class PackedLoop(Membership):
         bad = sorted(set(shared) - {"batch_size"})
         if bad:
             raise ValueError(f"PackedLoop: unknown shared parameters {bad}; members share only batch_size")
+        self.publish = publish
         self.start = _checkpoint(data)  # members continue from it (a second stage), or start fresh
         self.data, self.loop = (self.start.data if self.start is not None else data), model
         self.batch_size = int(shared.get("batch_size", 32))
@@ -437,6 +438,8 @@ class PackedLoop(Membership):
         self.rows.add(module, m.hp, resume)
         self.members[name] = m
         self.order.append(m)
+        self._tell(name, {"kind": "start", "algorithm": "loop" if self.loop.step is None else "loop (own step)",
+                          "epochs": m.epochs, "lr": m.hp.get("lr"), "batch_size": self.batch_size, "replicas": "1"})
 
     def _leave(self, m: _Member, outcome: str) -> None:
         i = self.order.index(m)
@@ -445,6 +448,7 @@ class PackedLoop(Membership):
         self.rows.drop(i)
         self.order.pop(i)
         m.outcome = outcome
+        self._tell(m.name, {"kind": "end", "epochs_done": m.epoch})
 
     # --- training ---------------------------------------------------------------------------
     def _epoch_batches(self, members: list[_Member]) -> Iterator[tuple[Tensor, Tensor]]:
@@ -513,6 +517,8 @@ class PackedLoop(Membership):
                    "members": len(members), "train_s": seconds, "eval_s": time.perf_counter() - t1}
             m.history.append(rec)
             reports[m.name] = rec
+            self._tell(m.name, {"kind": "epoch", "epochs": m.epochs, "train_loss": rec["loss"], "replicas": 1,
+                                "compute_s": seconds, **rec})
         for m in members:
             if m.epoch >= m.epochs:
                 self._leave(m, "finished")
@@ -594,7 +600,11 @@ def train_loop(data: Any, *, loop: Loop, batch_size: int = 32, epochs: int = DEF
     >>> sorted(first)[:3]
     ['accuracy', 'epoch', 'eval_s']
     """
-    pack = PackedLoop(data, loop, {"solo": {"epochs": epochs, "seed": seed, **hp}}, active=1, batch_size=batch_size)
+    from .training import _current_task
+
+    name = _current_task() or "solo"  # in a Dask task, its curve goes to the training page under its key
+    pack = PackedLoop(data, loop, {name: {"epochs": epochs, "seed": seed, **hp}}, active=1, batch_size=batch_size,
+                      publish=True)
     while pack.active:
-        yield pack.epoch()["solo"]
-    return pack.result("solo")
+        yield pack.epoch()[name]
+    return pack.result(name)

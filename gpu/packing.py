@@ -210,6 +210,7 @@ class Membership:
     waiting: list
     members: dict
     active_limit: int
+    publish: bool = False  # inside a Dask task: each member's curve on the dashboard, under its name
 
     def _training(self) -> list:
         raise NotImplementedError
@@ -222,6 +223,18 @@ class Membership:
 
     def _config(self, name: Hashable, params: Mapping) -> Any:
         raise NotImplementedError
+
+    def _tell(self, name: Hashable, msg: dict) -> None:
+        """Publish a member's progress on the ``quiver-training`` topic as ``gpu.train`` does
+        (the member's name is its task key; nothing happens outside a worker or unless asked)."""
+        if not self.publish:
+            return
+        publishers = self.__dict__.setdefault("_publishers", {})
+        if name not in publishers:
+            from .training import _publisher
+
+            publishers[name] = _publisher(str(name), 0, 1)
+        publishers[name](msg)
 
     def _fill(self) -> None:
         while self.waiting and len(self._training()) < self.active_limit:
@@ -319,8 +332,7 @@ class PackedTrainer(Membership):
                              f"{self.k} replica(s) x batch_size={self.batch_size}; use a smaller batch")
         self.waiting: list[Hashable] = list(self.configs)
         self.members: dict[Hashable, _Member] = {}
-        self.publish = publish  # inside a Dask task: each member's curve on the dashboard, under its name
-        self._publishers: dict[Hashable, Callable[[dict], None]] = {}
+        self.publish = publish
         self.tuning: list = [tuple(p) for p in tuning or ()]  # given: a remembered curve (with an int active)
         self.tuning_s = 0.0
         if active == "auto":
@@ -345,17 +357,6 @@ class PackedTrainer(Membership):
         self.group.add(m, w0)
         self._tell(name, {"kind": "start", "algorithm": cfg.algorithm, "epochs": cfg.epochs, "lr": cfg.lr,
                           "batch_size": cfg.batch_size, "replicas": str(self.k)})
-
-    def _tell(self, name: Hashable, msg: dict) -> None:
-        """Publish a member's progress on the ``quiver-training`` topic as ``gpu.train`` does
-        (the member's name is its task key; nothing happens outside a worker or unless asked)."""
-        if not self.publish:
-            return
-        if name not in self._publishers:
-            from .training import _publisher
-
-            self._publishers[name] = _publisher(str(name), 0, 1)
-        self._publishers[name](msg)
 
     def _training(self) -> list:
         return self.group.members

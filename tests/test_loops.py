@@ -265,8 +265,10 @@ def test_a_packed_pruning_run_of_a_users_loop_prunes_by_the_rule_with_solo_curve
     from tests.rule_check import check_rule
 
     node = explore(lr=[0.003, 0.01, 0.05, 0.2, 1.0], epochs=[3])
+    seen_before = len(client.get_events("quiver-training"))
     packed = node.choose("accuracy", prune=pipelines.halving(factor=3)).run(client, pack=True, progress=False,
                                                                            quiet=True)
+    published = [m for _, m in client.get_events("quiver-training")[seen_before:]]
     full = node.choose("accuracy").run(client, pack=False, progress=False, quiet=True)
     assert packed.stats["packed_branches"] == 5 and "packed_groups" not in full.stats
     check_rule(packed, factor=3)
@@ -275,6 +277,16 @@ def test_a_packed_pruning_run_of_a_users_loop_prunes_by_the_rule_with_solo_curve
     for row in range(len(table)):
         mine, alone = packed.history[row], full.history[row]
         assert [r["accuracy"] for r in mine] == pytest.approx([r["accuracy"] for r in alone[:len(mine)]], abs=1e-6)
+    # the dashboard's training page: each member's start, its epochs (as many as its reports) and its end
+    by_task: dict = {}
+    for m in published:
+        by_task.setdefault(m["task"], []).append(m)
+    assert len(by_task) == len(table)
+    # (distinct epochs: a member an idle pack takes over replays its first epochs there)
+    assert sorted(len({m["epoch"] for m in ms if m["kind"] == "epoch"}) for ms in by_task.values()) == \
+        sorted(table["iterations"])
+    assert all(ms[0]["kind"] == "start" and ms[0]["algorithm"] == "loop" and ms[-1]["kind"] == "end"
+               for ms in by_task.values())
     finished = table[table["status"] == "ok"]
     assert packed.value["accuracy"] == pytest.approx(finished["accuracy"].max())
     assert isinstance(packed.value["model"], torch.nn.Module)

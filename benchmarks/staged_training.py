@@ -16,7 +16,8 @@ epochs, rungs at 1 and 3, keep the top third.
 * ``quiver_staged``: the example's exploration without the choose between the stages (the same
   24 configurations as the others): each warm-up is one task, continued by 8 fine-tunings;
   ``choose("accuracy", prune=halving(factor=3))``. Embedded 2-worker ``LocalCluster`` started
-  inside the clock (the workers import torch inside it).
+  inside the clock, as ``node.run(workers=2, threads_per_worker=1)`` in a script does (its fork
+  server imports the steps' modules, torch included, inside the clock).
 * ``quiver_staged_warm``: the same on a 2-worker cluster started (and torch imported on its
   workers) before the clock, as a Dask user's cluster usually is.
 * ``quiver_packed`` / ``quiver_packed_warm``: the same training declared as a loop
@@ -131,14 +132,19 @@ def quiver(method: str, size: dict) -> dict:
         node = ex.exploration(size["lrs"], size["schedules"], size["batches"], warmup_epochs=size["warmup_epochs"],
                               epochs=size["epochs"], keep=2 if method == "quiver_keep2" else None, log_dir=log_dir,
                               packed=packed)
-        start = T0
-        with connect(None, n_workers=2, threads_per_worker=1, quiet=True) as client:
-            if method.endswith("_warm"):
+        if method.endswith("_warm"):
+            with connect(None, n_workers=2, threads_per_worker=1, quiet=True) as client:
                 client.run(lambda: __import__("torch") and None)  # a cluster that has trained before
                 start = time.perf_counter()
-            result = node.run(client, progress=False, quiet=True)
-            wall = time.perf_counter() - start
-            warmups = len(size["lrs"]) if packed else sum(f.startswith("warmup-") for f in os.listdir(log_dir))
+                result = node.run(client, progress=False, quiet=True)
+                wall = time.perf_counter() - start
+        else:  # as `python staged.py` runs: node.run starts the embedded cluster (kept: its close is not timed)
+            from graph.embedded import close_kept
+
+            result = node.run(workers=2, threads_per_worker=1, progress=False, quiet=True)
+            wall = time.perf_counter() - T0
+            close_kept()
+        warmups = len(size["lrs"]) if packed else sum(f.startswith("warmup-") for f in os.listdir(log_dir))
     batch = "finetune.batch_size" if packed else "finetune.batch"
     trials = [{"lr": float(r["warmup.lr"]), "schedule": r["finetune.schedule"], "batch": int(r[batch]),
                # a packed row's history holds its warm-up's reports too (train_loop reports each epoch)

@@ -39,10 +39,12 @@ Methods (each at its documented best on this machine):
   data put in the object store once (``tune.with_parameters``), Tune's file loggers off.
 * ``ray_exhaustive`` (f): Ray Tune without a scheduler.
 
-What each clock includes: loading the data (always: Quiver's source step on a worker, Optuna
+Each cold Quiver row's run is a fresh Python process (as ``python tune.py`` is); the other rows
+run in this one. What each clock includes: loading the data (always: Quiver's source step on a worker, Optuna
 in this process, Ray in the driver then ``tune.with_parameters``); for Quiver, starting the
-embedded 2-worker ``LocalCluster`` (``cluster_start_s`` in the JSON; workers import torch
-inside the clock); for Ray, ``ray.init`` (``ray_init_s``). The ``_warm`` rows (``quiver_halving_warm``,
+embedded 2-worker ``LocalCluster`` as ``node.run(workers=2, threads_per_worker=1)`` does in a
+script (``cluster_start_s`` in the JSON; the fork server imports the steps' modules, torch
+included, inside the clock); for Ray, ``ray.init`` (``ray_init_s``). The ``_warm`` rows (``quiver_halving_warm``,
 ``quiver_gpu_packed_warm``) run the same on one 2-worker cluster started once, outside their
 clocks, and kept between repeats, as a Dask user's cluster usually is: their clock still includes
 loading the data (the source step), not the cluster start nor the workers' first ``import torch``
@@ -181,24 +183,26 @@ def close_warm() -> None:
 
 
 def quiver_run(kind: str, size: dict) -> dict:
-    from graph.cluster import connect
-
     warm = kind.endswith("_warm")
     kind = kind.removesuffix("_warm")
     node = quiver_node(kind, size)
     t0 = time.perf_counter()
-    import dask
-
-    # a cold row starts its own cluster (the process's kept one would make the next cold row warm)
-    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0 if not warm else
-                          dask.config.get("quiver.embedded-cluster.idle-timeout", 300)}), \
-            (contextlib.nullcontext(_warm_client()) if warm else
-             connect(None, n_workers=2, threads_per_worker=1, quiet=True)) as client:
-        if warm:
-            t0 = time.perf_counter()
-        started = time.perf_counter() - t0
+    if warm:
+        client = _warm_client()
+        t0 = time.perf_counter()
         result = node.run(client, progress=False, quiet=True, pack=kind in PACKED)
         wall = time.perf_counter() - t0
+        started = 0.0
+    else:
+        # a cold row runs as `python tune.py` does: node.run starts the embedded cluster (its fork
+        # server imports the steps' modules, torch included, while the scheduler starts); the
+        # cluster is kept after the run, so its close is outside the clock, as for the others
+        from graph.embedded import close_kept
+
+        result = node.run(workers=2, threads_per_worker=1, progress=False, quiet=True, pack=kind in PACKED)
+        wall = time.perf_counter() - t0
+        started = result.stats.get("cluster_seconds") or 0.0
+        close_kept()
     table = result.table
     lr_col = "train.lr"
     batch_col = "train.batch_size" if kind.startswith(("quiver_gpu", "quiver_loop")) else "train.batch"
@@ -364,6 +368,25 @@ def cold_data() -> None:
         _WARM["client"].run(_forget_mnist)
 
 
+def _cold_quiver(name: str) -> bool:
+    return name.startswith("quiver") and not name.endswith("_warm")
+
+
+def in_fresh_process(name: str, size: dict) -> dict:
+    """Run a cold Quiver row in a new Python process, as ``python tune.py`` does: its cluster's
+    fork server starts there with the steps' modules (a server this process kept from an earlier
+    row would have them already). The child's clock is the same as in this process."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, __file__, "--one", name, "--size", json.dumps(size)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{name} exited {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def measure(names: list[str], size: dict, repeats: int) -> dict:
     runs: dict[str, dict] = {n: {"runs": [], "error": None} for n in names}
     for i in range(repeats):  # interleaved, so slow periods of the shared machine hit every method
@@ -372,7 +395,7 @@ def measure(names: list[str], size: dict, repeats: int) -> dict:
                 continue
             cold_data()
             try:
-                out = METHODS[name][1](name, size)
+                out = in_fresh_process(name, size) if _cold_quiver(name) else METHODS[name][1](name, size)
             except Exception as exc:  # noqa: BLE001: recorded and printed, the other methods go on
                 runs[name]["error"] = f"{type(exc).__name__}: {exc}"
                 runs[name]["traceback"] = traceback.format_exc()[-3000:]
@@ -473,7 +496,13 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--output", type=Path, default=None,
                     help="JSON path (default benchmarks/results/train_explore[.quick].json)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one run of one method
+    ap.add_argument("--size", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.one:
+        out = METHODS[args.one][1](args.one, json.loads(args.size))
+        print("RESULT " + json.dumps(out, default=str), flush=True)
+        return 0
     repeats = args.repeats or (1 if args.quick else 3)
     names = args.methods.split(",") if args.methods else (QUICK_METHODS if args.quick else list(METHODS))
     unknown = [n for n in names if n not in METHODS]

@@ -10,6 +10,7 @@ and only that, means "not in a task" here. Any other error is a real one and pro
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,10 @@ __all__ = ["current_task", "current_worker", "task_cancelled", "task_client"]
 
 
 def current_worker() -> Any:
-    """The ``distributed.Worker`` running the current task, or ``None`` outside a task."""
+    """The ``distributed.Worker`` running the current task, or ``None`` outside a task (and
+    without importing Dask where nothing has: no task runs in such a process)."""
+    if "distributed" not in sys.modules:
+        return None
     from distributed import get_worker
 
     try:

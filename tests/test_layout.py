@@ -159,6 +159,20 @@ def test_imports_load_no_heavy_library_nobody_asked_for():
     assert out.stdout.strip().splitlines()[-1] == "[] []"
 
 
+def test_a_loop_trained_outside_dask_does_not_import_dask():
+    """``gpu.train_loop`` in a plain script (no cluster) publishes nothing and imports no Dask:
+    asking "am I in a task?" where nothing imported ``distributed`` answers no without it."""
+    code = (
+        "import sys, functools, gpu\n"
+        "loop = gpu.Loop(model=functools.partial(gpu.MLP, 64, 10))\n"
+        "reports = list(gpu.train_loop(gpu.load_digits_tensors(seed=0), loop=loop, lr=0.1, batch_size=16, epochs=1))\n"
+        "print(len(reports), sorted(m for m in ('distributed', 'dask') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1 []"
+
+
 def talks_to_cluster(path: Path) -> bool:
     """A module that imports ``distributed`` (at the top or inside a function): it talks to a
     cluster (a client, a worker, the scheduler), so it is I/O, not a pure rule."""

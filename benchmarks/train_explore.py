@@ -48,7 +48,9 @@ included, inside the clock); for Ray, ``ray.init`` (``ray_init_s``). The ``_warm
 ``quiver_gpu_packed_warm``) run the same on one 2-worker cluster started once, outside their
 clocks, and kept between repeats, as a Dask user's cluster usually is: their clock still includes
 loading the data (the source step), not the cluster start nor the workers' first ``import torch``
-(imported once when the warm cluster starts). Not included: closing the cluster,
+(imported once when the warm cluster starts). The ``_fresh`` rows (issue 23's "(i)") run in a new
+process on a 2-worker cluster it starts just before the clock: its workers have imported
+neither torch nor the steps' modules, and do so inside it. Not included: closing the cluster,
 ``ray.shutdown``, and importing torch/optuna/ray in this process. Best accuracy = the
 held-out accuracy after the last epoch of the best branch that ran to the end.
 
@@ -92,6 +94,8 @@ TARGETS = {
     "loop_warm_vs_d": ("quiver_loop_packed_warm", "(c-loop) packed declared loop, warm cluster, vs (d)"),
     "b_vs_d": ("quiver_halving", "(b) generator vs (d), for comparison"),
     "b_warm_vs_d": ("quiver_halving_warm", "(b) generator, warm cluster, vs (d)"),
+    "loop_fresh_vs_d": ("quiver_loop_packed_fresh", "(c-loop) packed declared loop, fresh workers, vs (d)"),
+    "b_fresh_vs_d": ("quiver_halving_fresh", "(b) generator, fresh workers, vs (d)"),
 }
 TARGET_ACCURACY_GAP = 0.005
 FACTOR = 3
@@ -183,11 +187,19 @@ def close_warm() -> None:
 
 
 def quiver_run(kind: str, size: dict) -> dict:
-    warm = kind.endswith("_warm")
-    kind = kind.removesuffix("_warm")
+    warm, fresh = kind.endswith("_warm"), kind.endswith("_fresh")
+    kind = kind.removesuffix("_warm").removesuffix("_fresh")
     node = quiver_node(kind, size)
     t0 = time.perf_counter()
-    if warm:
+    if fresh:  # issue 23's (i): a cluster started before the clock whose workers have run nothing yet
+        from graph.cluster import connect
+
+        with connect(None, n_workers=2, threads_per_worker=1, quiet=True) as client:
+            t0 = time.perf_counter()
+            result = node.run(client, progress=False, quiet=True, pack=kind in PACKED)
+            wall = time.perf_counter() - t0
+        started = 0.0
+    elif warm:
         client = _warm_client()
         t0 = time.perf_counter()
         result = node.run(client, progress=False, quiet=True, pack=kind in PACKED)
@@ -343,6 +355,8 @@ METHODS = {
     "quiver_loop_packed": ("(c-loop) declared loop, halving + packing", quiver_run),
     "quiver_halving_warm": ("(b) same, warm cluster", quiver_run),
     "quiver_loop_packed_warm": ("(c-loop) same, warm cluster", quiver_run),
+    "quiver_halving_fresh": ("(b) same, fresh workers", quiver_run),
+    "quiver_loop_packed_fresh": ("(c-loop) same, fresh workers", quiver_run),
     "quiver_gpu_packed_warm": ("(c-SMA) same, warm cluster", quiver_run),
     "quiver_gpu_ssgd_packed_warm": ("(c) same, warm cluster", quiver_run),
     "optuna_sha": ("(d) Optuna SuccessiveHalving", optuna_run),
@@ -369,6 +383,7 @@ def cold_data() -> None:
 
 
 def _cold_quiver(name: str) -> bool:
+    """A cold row (its cluster started in the clock) or a fresh-workers row: each in a new process."""
     return name.startswith("quiver") and not name.endswith("_warm")
 
 

@@ -42,10 +42,17 @@ def test_public_api_is_listed(package):
         assert getattr(module, name) is not None
 
 
+def python_prints(code: str) -> str:
+    """What ``python -c code`` prints (stripped), run from the repository in a fresh interpreter
+    (so nothing this test process imported counts); its stderr is the failure message."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
 def test_builder_import_does_not_import_dask():
     code = "import sys, pipelines, graph; print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert python_prints(code) == "[]"
 
 
 def _module_name(path: Path) -> str:
@@ -134,8 +141,7 @@ def test_modules_workers_import_do_not_load_pandas():
         "import sys, graph.memory.budget, graph.memory.spill, graph.memory.plan, graph.state.order; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert python_prints(code) == "[]"
 
 
 def test_imports_load_no_heavy_library_nobody_asked_for():
@@ -154,9 +160,7 @@ def test_imports_load_no_heavy_library_nobody_asked_for():
         "        pipelines.sklearn.GridSearchCV(SVC(), {'C': [1, 10]}, cv=2, client=c, progress=False).fit(X, y)\n"
         "    print(at_import, loaded())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "[] []"
+    assert python_prints(code).splitlines()[-1] == "[] []"
 
 
 def test_a_loop_trained_outside_dask_does_not_import_dask():
@@ -168,9 +172,7 @@ def test_a_loop_trained_outside_dask_does_not_import_dask():
         "reports = list(gpu.train_loop(gpu.load_digits_tensors(seed=0), loop=loop, lr=0.1, batch_size=16, epochs=1))\n"
         "print(len(reports), sorted(m for m in ('distributed', 'dask') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "1 []"
+    assert python_prints(code).splitlines()[-1] == "1 []"
 
 
 def talks_to_cluster(path: Path) -> bool:
@@ -222,5 +224,4 @@ def test_the_state_package_loads_no_cluster_code():
         "for m in pkgutil.iter_modules(graph.state.__path__): importlib.import_module('graph.state.' + m.name)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('distributed', 'pandas', 'torch')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert python_prints(code) == "[]"

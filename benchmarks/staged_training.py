@@ -60,7 +60,6 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -253,21 +252,18 @@ RUNNERS = {"quiver_staged": quiver, "quiver_staged_warm": quiver, "quiver_packed
 
 
 def child(method: str, quick: bool) -> None:
-    out = RUNNERS[method](method, sizes(quick))
-    print("RESULT " + json.dumps(out, default=str), flush=True)
+    from benchmarks.fresh_process import report
+
+    report(RUNNERS[method](method, sizes(quick)))
 
 
 # --------------------------------------------------------------------------------- the parent
 
 
 def run_child(method: str, quick: bool) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__, "--child", method] + (["--quick"] if quick else []),
-                          capture_output=True, text=True, timeout=290, env=env, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{method} exited {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    from benchmarks.fresh_process import run_fresh
+
+    return run_fresh(__file__, ["--child", method] + (["--quick"] if quick else []), method, timeout=290)
 
 
 def measure(names: list[str], size: dict, quick: bool, repeats: int) -> dict:

@@ -391,15 +391,9 @@ def in_fresh_process(name: str, size: dict) -> dict:
     """Run a cold Quiver row in a new Python process, as ``python tune.py`` does: its cluster's
     fork server starts there with the steps' modules (a server this process kept from an earlier
     row would have them already). The child's clock is the same as in this process."""
-    import subprocess
+    from benchmarks.fresh_process import run_fresh
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__, "--one", name, "--size", json.dumps(size)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{name} exited {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_fresh(__file__, ["--one", name, "--size", json.dumps(size)], name, timeout=600)
 
 
 def measure(names: list[str], size: dict, repeats: int) -> dict:
@@ -515,8 +509,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        out = METHODS[args.one][1](args.one, json.loads(args.size))
-        print("RESULT " + json.dumps(out, default=str), flush=True)
+        from benchmarks.fresh_process import report
+
+        report(METHODS[args.one][1](args.one, json.loads(args.size)))
         return 0
     repeats = args.repeats or (1 if args.quick else 3)
     names = args.methods.split(",") if args.methods else (QUICK_METHODS if args.quick else list(METHODS))

@@ -68,8 +68,11 @@ _OWN = ("seed", "epochs", "schedule")
 #: :func:`train_loop`'s ``epochs`` when a member does not say
 DEFAULT_EPOCHS = 10  # a member's own, but not a hyper-parameter its step reads
 _SGD_DEFAULTS = {"momentum": 0.0, "weight_decay": 0.0}
-_REPEATS = 3  # measurements per member count when tuning (the best one counts)
-_TUNE_STEPS = 20
+#: measurements per member count when tuning (the best one counts), and the steps of each: on
+#: benchmarks/train_explore.py's MLP at batch 16 and 64, 2 x 10 chose the member counts 3 x 20
+#: chose, at a third of the cost (0.1 s of a packed task's start instead of 0.3 s)
+_REPEATS = 2
+_TUNE_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,7 @@ class PackedLoop(Membership):
 
     def __init__(self, data: Any, model: Loop, members: Mapping[Hashable, Mapping], *,
                  active: int | str | None = None, publish: bool = False, tuning: list | None = None,
-                 most: int | None = None, **shared: Any) -> None:
+                 most: int | None = None, resume: Mapping[Hashable, Any] | None = None, **shared: Any) -> None:
         if not isinstance(model, Loop):
             raise ValueError(f"PackedLoop: expected a gpu.Loop; got {type(model).__name__}")
         if not members:
@@ -388,6 +391,10 @@ class PackedLoop(Membership):
             if self.steps < 1:
                 raise ValueError(f"train_loop: {len(self.x_train)} training samples cannot fill one batch of "
                                  f"{self.batch_size}; use a smaller batch_size")
+        unknown = sorted(map(str, set(resume or ()) - set(self.configs)))
+        if unknown:
+            raise ValueError(f"PackedLoop: resume names {unknown}, which are not members")
+        self._resume = dict(resume or {})  # name -> snapshot(): members that go on where another pack left them
         self.members: dict[Hashable, _Member] = {}
         self.order: list[_Member] = []  # the active members, in row order
         self.waiting: list[Hashable] = list(self.configs)
@@ -424,8 +431,33 @@ class PackedLoop(Membership):
         return module
 
     # --- membership (gpu.packing.Membership's rules) -----------------------------------------
+    resumes = True
+
     def _training(self) -> list:
         return self.order
+
+    def snapshot(self, name: Hashable) -> dict | None:
+        """Member ``name``'s training state, to go on in another :class:`PackedLoop` of its group
+        (``add(name, params, resume=state)``; a packed task's take-over moves it so): its
+        parameters and step state (momentum, or a ``step=``'s state), its batch order's generator,
+        ``epoch`` (epochs done), ``steps`` (the schedule's clock) and ``history`` (its reports so
+        far). ``None`` for a member still waiting to start. Tensors and numbers only: it pickles.
+
+        >>> import functools, gpu
+        >>> loop = gpu.Loop(model=functools.partial(gpu.MLP, 64, 10))
+        >>> data = gpu.load_digits_tensors(seed=0)
+        >>> a = PackedLoop(data, loop, {"m": {"lr": 0.1}}, batch_size=16)
+        >>> _ = a.epoch()
+        >>> b = PackedLoop(data, loop, {"m": {"lr": 0.1}}, batch_size=16, resume={"m": a.snapshot("m")})
+        >>> b.epoch()["m"]["epoch"] == a.epoch()["m"]["epoch"] == 2
+        True
+        """
+        m = self.members.get(name)
+        if m is None or m.outcome is not None:
+            return None
+        i = self.order.index(m)
+        return {"params": self.rows.params(i), "rows": self.rows.member_state(i), "generator": m.gen.get_state(),
+                "epoch": m.epoch, "steps": m.steps, "history": list(m.history)}
 
     def _start(self, name: Hashable) -> None:
         cfg = self.configs[name]
@@ -435,6 +467,12 @@ class PackedLoop(Membership):
             self._load_weights(module, self.start.weights)
             m.gen.set_state(self.start.generator)
             resume = self.start.rows if self.start.step_kind == self.rows.kind else None
+        moved = self._resume.pop(name, None)
+        if moved is not None:  # where another pack of the group left it (snapshot)
+            self.rows.load_params(module, moved["params"])
+            m.gen.set_state(moved["generator"])
+            m.epoch, m.steps, m.history = int(moved["epoch"]), int(moved["steps"]), list(moved["history"])
+            resume = moved["rows"]
         self.rows.add(module, m.hp, resume)
         self.members[name] = m
         self.order.append(m)

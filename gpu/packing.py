@@ -211,6 +211,9 @@ class Membership:
     members: dict
     active_limit: int
     publish: bool = False  # inside a Dask task: each member's curve on the dashboard, under its name
+    #: whether a member's state can leave (:meth:`snapshot`) and join another trainer of the group
+    #: (``add(..., resume=state)``): a packed task's take-over then moves it instead of replaying it
+    resumes: bool = False
 
     def _training(self) -> list:
         raise NotImplementedError
@@ -236,6 +239,11 @@ class Membership:
             publishers[name] = _publisher(str(name), 0, 1)
         publishers[name](msg)
 
+    def snapshot(self, name: Hashable) -> Any:
+        """A training member's state, to go on in another trainer of its group
+        (``add(name, params, resume=...)``): ``None`` for a member still waiting to start."""
+        raise NotImplementedError(f"{type(self).__name__} does not hand members over")
+
     def _fill(self) -> None:
         while self.waiting and len(self._training()) < self.active_limit:
             self._start(self.waiting.pop(0))
@@ -250,11 +258,17 @@ class Membership:
         """Names of members that are training or waiting to join."""
         return self.active + list(self.waiting)
 
-    def add(self, name: Hashable, params: Mapping) -> None:
+    def add(self, name: Hashable, params: Mapping, resume: Any = None) -> None:
         """A new member (own parameters ``params``): it waits, and joins when a place frees
-        (at once when the group has one), at its own epoch 0."""
+        (at once when the group has one), at its own epoch 0, or where ``resume`` (a
+        :meth:`snapshot` of it in another trainer of the group) left it."""
         if name in self.configs:
             raise ValueError(f"{type(self).__name__}.add: member {name!r} is in the group already")
+        if resume is not None:
+            if not self.resumes:
+                raise ValueError(f"{type(self).__name__}.add: member {name!r} cannot resume a snapshot here; "
+                                 "this trainer starts members from their seeds")
+            self.__dict__.setdefault("_resume", {})[name] = resume
         self.configs[name] = self._config(name, params)
         self.waiting.append(name)
         self._fill()

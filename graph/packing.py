@@ -49,19 +49,21 @@ input task, ``loop`` and ``batch_size``; :class:`gpu.PackedLoop` trains the grou
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from .iterative import STOP, Iterative, _Task
 from .spec import PruneSpec
-from .state.claims import claim, progress
+from .state.claims import arriving, claim, collect, give, progress
 from .state.halving import Pruned
 
 __all__ = [
     "IGNORED_PARAMS",
     "claim_on_scheduler",
+    "collect_on_scheduler",
     "forget_claims",
+    "give_on_scheduler",
     "member_value",
     "pack_compiled",
     "packable_groups",
@@ -165,30 +167,75 @@ class _MemberTask(_Task):
         return self._pack.cancelled()
 
 
-def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon: dict) -> Any:
-    """``take(want, fair, made, done) -> (lost, claimed)`` for this packed task: :func:`graph.state.claims.progress`
-    (what it has trained, what it lost to a take-over) and :func:`graph.state.claims.claim` on the
-    group's table on the scheduler, one round trip, inside a run; every member at once otherwise."""
+def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon: dict, moves: bool = False) -> Any:
+    """``take(want, fair, made, done) -> (lost, claimed, arriving)`` for this packed task:
+    :func:`graph.state.claims.progress` (what it has trained, what it lost to a take-over) and
+    :func:`graph.state.claims.claim` on the group's table on the scheduler, one round trip, inside
+    a run; every member at once otherwise. ``arriving``: the claimed members that move here from
+    another pack (``moves``: the trainer can resume a member's state), whose state
+    :func:`_collector` waits for."""
     if claims is None or pack.worker is None:
         left = list(order)
 
-        def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list]:
+        def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list, list]:
             out = list(left)
             left.clear()
-            return [], out
+            return [], out, []
 
         return take
     from gpu.worker import task_client
 
     client = task_client(lambda: False)  # waits while a fault leaves the worker's client connecting
 
-    def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list]:
-        lost, got = client.run_on_scheduler(claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt,
-                                            order=order, packs=packs, want=want, fair=fair, horizon=horizon,
-                                            made=made, done=list(done))
-        return list(lost), list(got)
+    def take(want: int, fair: bool = False, made: dict | None = None, done: tuple = ()) -> tuple[list, list, list]:
+        lost, got, moving = client.run_on_scheduler(
+            claim_on_scheduler, name=claims, pack=str(pack.key), attempt=pack.attempt, order=order, packs=packs,
+            want=want, fair=fair, horizon=horizon, moves=moves, made=made, done=list(done))
+        return list(lost), list(got), list(moving)
 
     return take
+
+
+#: the longest a taker waits for a moving member's state between two looks at the table (its
+#: old owner sets the member's event when it hands the state over: the taker wakes at once)
+_LOOK = 1.0
+
+
+def _mover(pack: _Task, claims: str | None) -> tuple[Any, Any]:
+    """``(give, collect)`` for a packed task in a run: hand a member's state over to its taker
+    (``give(member, state)``: the state pickled, so the scheduler only holds bytes and never
+    imports torch) and wait for the state of a member moving here (``collect(member) -> (what,
+    state)``, :func:`graph.state.claims.collect`'s answers but ``"wait"``; ``"drop"`` once this
+    task is cancelled). The taker sleeps on the member's ``distributed.Event``
+    (:func:`_move_event`), which the scheduler sets when the old owner hands the state over or
+    keeps the member."""
+    import pickle
+
+    from distributed import Event
+
+    from gpu.worker import task_client
+
+    client = task_client(lambda: False)
+
+    def event(member: str) -> Any:
+        return Event(_move_event(claims, member), client=client)
+
+    def give_state(member: str, state: Any) -> None:
+        blob = None if state is None else pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        client.run_on_scheduler(give_on_scheduler, name=claims, pack=str(pack.key), member=member, state=blob)
+
+    def collect_state(member: str) -> tuple[str, Any]:
+        ready = event(member)
+        while True:
+            what, blob = client.run_on_scheduler(collect_on_scheduler, name=claims, pack=str(pack.key), member=member)
+            if what != "wait":
+                ready.clear()  # the scheduler forgets the event
+                return what, (pickle.loads(blob) if blob is not None else None)
+            if pack.cancelled():
+                return "drop", None
+            ready.wait(timeout=_LOOK)  # the old owner's hand-over, or a look at whether it still runs
+
+    return give_state, collect_state
 
 
 def _trainer_kind(kind: str) -> tuple[Any, Any, int]:
@@ -231,16 +278,40 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     members at run time. Without it (or outside a Dask task) it trains every member of ``members``."""
     trainer_class, _, default_epochs = _trainer_kind(kind)
     pack = _Task()
+    moves = bool(getattr(trainer_class, "resumes", False)) and claims is not None and pack.worker is not None
     horizon = {k: _horizon(members[k], shared, prunes.get(k), default_epochs) for k in members}
-    take = _claimer(pack, claims, list(members), list(packs), horizon)
-    _, first = take(1)
+    take = _claimer(pack, claims, list(members), list(packs), horizon, moves)
+    give_state, collect_state = _mover(pack, claims) if moves else (None, None)
+
+    def settle(got: list, moving: list) -> tuple[list, dict]:
+        """The claimed members to train here and the states of those that moved here."""
+        keep, states = [], {}
+        for k in got:
+            what, state = collect_state(k) if k in moving else ("start", None)
+            if what == "drop":
+                continue
+            keep.append(k)
+            if what == "resume" and state is not None:
+                states[k] = state
+        return keep, states
+
+    first: list = []
+    resumed: dict = {}
+    for _ in range(len(members) + 1):  # a member that ended on its old owner meanwhile: claim again
+        _, got, moving = take(1)
+        if not got:
+            break
+        first, resumed = settle(got, moving)
+        if first:
+            break
     if not first:  # the group's other packed tasks hold every member, and none can be taken over
         return {}
     mine = {k: members[k] for k in first}
+    extra = {"resume": resumed} if resumed else {}
     if active == "auto" and pack.worker is not None:
-        trainer = _remembered_trainer(data, model, mine, shared, len(members), kind)
+        trainer = _remembered_trainer(data, model, mine, shared, len(members), kind, **extra)
     else:
-        trainer = trainer_class(data, model, mine, active=active, publish=True, most=len(members), **shared)
+        trainer = trainer_class(data, model, mine, active=active, publish=True, most=len(members), **shared, **extra)
     tasks: dict[str, _MemberTask] = {}
     made: dict[str, int] = {}
     last: dict[str, dict] = {}
@@ -248,17 +319,34 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     ended: list[str] = []  # trained out or pruned since the last call: never taken over
     lost: set[str] = set()  # taken over by another pack: it trains them, this one drops them
 
+    def arrived(states: Mapping[str, Any]) -> None:
+        for k, state in states.items():  # a moved member goes on from the epoch its old owner reached
+            made[k] = int(state["epoch"])
+            if state.get("history"):
+                last[k] = state["history"][-1]
+
+    arrived(resumed)
+
     def sync(fair: bool = False) -> None:
         room = max(0, trainer.active_limit - len(trainer.pending))
-        gone, got = take(room, fair, made={k: made.get(k, 0) for k in trainer.pending}, done=tuple(ended))
+        gone, got, moving = take(room, fair, made={k: made.get(k, 0) for k in trainer.pending}, done=tuple(ended))
         ended.clear()
         for k in gone:
             lost.add(k)
             values.pop(k, None)
             if k in trainer.pending:
+                if moves:  # its taker waits for it: what it has learnt goes on there
+                    give_state(k, trainer.snapshot(k))
                 trainer.remove(k)
-        for k in got:
-            trainer.add(k, members[k])
+        keep, states = settle(got, moving) if moving else (got, {})
+        for _ in range(len(members)):  # every member it took over ended on its old owner: look again
+            if keep or not got or trainer.pending:
+                break
+            _, got, moving = take(room)
+            keep, states = settle(got, moving)
+        for k in keep:
+            trainer.add(k, members[k], resume=states.get(k))
+        arrived(states)
 
     sync(fair=True)
     while trainer.active:
@@ -297,7 +385,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
 
 
 def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, most: int,
-                        kind: str = "train") -> Any:
+                        kind: str = "train", **extra: Any) -> Any:
     """A :class:`gpu.PackedTrainer` (or :class:`gpu.PackedLoop`) whose member count is tuned once per cluster: the scheduler
     remembers it (``set_metadata`` under :func:`gpu.packing.members_memo_key`, as ``gpu.train``
     remembers a tuned replica count), so one tuning serves every packed task of the same model,
@@ -311,14 +399,14 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, m
     PackedTrainer, members_memo_key, _ = _trainer_kind(kind)
     key = members_memo_key(model, data, shared, most)
     if key is None:
-        return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
+        return PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared, **extra)
     client = task_client(lambda: False)
     with Lock(f"quiver-members-{key[-1]}"):
         memo = client.get_metadata(key, default=None)
         if memo is not None:
             return PackedTrainer(data, model, members, active=int(memo["active"]), tuning=memo["tuning"],
-                                 publish=True, **shared)
-        trainer = PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared)
+                                 publish=True, **shared, **extra)
+        trainer = PackedTrainer(data, model, members, active="auto", publish=True, most=most, **shared, **extra)
         client.set_metadata(key, {"active": trainer.active_limit, "tuning": [list(p) for p in trainer.tuning]})
     return trainer
 
@@ -435,14 +523,52 @@ def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping |
                        done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
     """:func:`graph.state.claims.progress` (when ``made`` is given) then :func:`graph.state.claims.claim` on the table ``name`` in the
     scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
-    event loop: no two calls interleave). Returns ``(lost, claimed)``: one round trip per epoch."""
+    event loop: no two calls interleave). Returns ``(lost, claimed, arriving)``
+    (:func:`graph.state.claims.arriving`): one round trip per epoch."""
     keys = ["quiver", "claims", name]
     table = dask_scheduler.get_metadata(keys=keys, default=None)
     if table is None:
         table = {}
         dask_scheduler.set_metadata(keys=keys, value=table)
+    moving = table.get("moving", {})
+    unsettled = [k for k in done if k in moving and not moving[k].get("kept")]
     lost = progress(table, kwargs["pack"], made, done) if made is not None else []
-    return lost, claim(table, **kwargs)
+    _wake(dask_scheduler, name, [k for k in unsettled if moving[k].get("kept")])  # their takers drop them
+    got = claim(table, **kwargs)
+    return lost, got, arriving(table, kwargs["pack"], got)
+
+
+def _move_event(name: str, member: str) -> str:
+    """The ``distributed.Event`` a taker waits on for ``member`` of the claim table ``name``."""
+    return f"quiver-move-{name}-{member}"
+
+
+def _wake(dask_scheduler: Any, name: str, members: Iterable[str]) -> None:
+    """Set the move events of ``members`` (on the scheduler, in its event loop)."""
+    events = dask_scheduler.extensions.get("events")
+    for member in members:
+        if events is not None:
+            events.event_set(name=_move_event(name, member))
+
+
+def give_on_scheduler(dask_scheduler: Any = None, *, name: str, pack: str, member: str, state: Any) -> bool:
+    """:func:`graph.state.claims.give` on the table ``name`` (``state``: bytes, or ``None``)."""
+    table = dask_scheduler.get_metadata(keys=["quiver", "claims", name], default=None)
+    given = give(table, pack, member, state) if table is not None else False
+    if given:
+        _wake(dask_scheduler, name, [member])
+    return given
+
+
+def collect_on_scheduler(dask_scheduler: Any = None, *, name: str, pack: str, member: str) -> tuple[str, Any]:
+    """:func:`graph.state.claims.collect` on the table ``name``; the old owner counts as alive
+    while its packed task is processing on the scheduler."""
+    table = dask_scheduler.get_metadata(keys=["quiver", "claims", name], default=None)
+    if table is None:
+        return ("replay", None)
+    move = table.get("moving", {}).get(member) or {}
+    old = dask_scheduler.tasks.get(move.get("from"))
+    return collect(table, pack, member, alive=old is not None and old.state == "processing")
 
 
 def takeovers_on_scheduler(dask_scheduler: Any = None, *, names: Sequence[str]) -> int:

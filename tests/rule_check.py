@@ -1,6 +1,7 @@
 """The halving rule checked on a finished run's own rung record (docs/architecture.md §7):
 shared by the pruning-run tests (generator steps) and the packing tests (packed gpu.train and
-gpu.train_loop), with the packing tests' run that SIGKILLs a reporting pack's worker."""
+gpu.train_loop), with the packing tests' run that SIGKILLs a reporting pack's worker and their
+run of a group's second packed task started late (a take-over)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,36 @@ def run_killing_a_reporting_pack(node, alone_node):
             killer.join(5)
         alone = alone_node.run(c, pack=False, progress=False, quiet=True)
     return result, alone, killed
+
+
+def run_a_late_second_pack(client, submit, table, members, iterations, wait=120):
+    """Submit ``submit("<table>-0")``, wait until it has told the claim table ``table`` of an
+    epoch of the last of ``members``, then submit ``submit("<table>-1")``, which finds every
+    member claimed and takes one over. Returns ``(values, delivered, table, replayed)``: both
+    tasks' results, the ``(key, iteration)`` reports the run received (``iterations`` per member
+    expected), the claim table at the end and how many reports arrived twice."""
+    import queue
+    import time
+
+    from graph.iterative import ReportChannel
+
+    events: queue.Queue = queue.Queue()
+    channel = ReportChannel(client, lambda key, i, report: events.put((key, i)), keys=set(members))
+    delivered = []
+    try:
+        first = submit(f"{table}-0")
+        delivered.append(events.get(timeout=wait))
+        deadline = time.monotonic() + wait
+        while not (client.run_on_scheduler(_claim_table, name=table) or {}).get("made", {}).get(list(members)[-1]):
+            assert time.monotonic() < deadline, f"{table}-0 never reported an epoch to its claim table"
+            time.sleep(0.01)
+        values = client.gather([first, submit(f"{table}-1")])
+        while not events.empty() or len(delivered) < iterations * len(members):
+            delivered.append(events.get(timeout=wait))
+        return values, delivered, client.run_on_scheduler(_claim_table, name=table), channel.replayed
+    finally:
+        channel.close()
+
+
+def _claim_table(dask_scheduler=None, name=None):
+    return dask_scheduler.get_metadata(keys=["quiver", "claims", name], default=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.state.claims import claim, progress
+from graph.state.claims import arriving, claim, collect, give, progress
 
 ORDER = ["a", "b", "c", "d", "e"]
 PACKS = ["p0", "p1"]
@@ -181,6 +181,148 @@ def test_take_overs_keep_one_trainer_per_member_and_only_empty_busier_packs(sche
         for p, ks in holds.items():
             assert all(t["owner"][k] == p or (k, p) in taken for k in ks)
     for pack in packs:  # packs that keep claiming take every member, each owned by exactly one pack
+        while claim(t, pack, attempt[pack], order, packs, want=3):
+            pass
+    assert sorted(t.get("owner", {})) == sorted(order)
+
+
+# --- moves: the taker goes on from the member's state (a trainer that can hand it over) --------
+
+
+def test_a_move_hands_the_state_over_instead_of_replaying():
+    t: dict = {}
+    assert claim(t, "p0", "x", ORDER[:2], PACKS, want=2) == ["a", "b"]
+    progress(t, "p0", made={"a": 7, "b": 8})
+    # 2 * 7 >= 12: a replay would not pay, a move does (4 epochs left, one waited)
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H) == []
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == ["a"]
+    assert arriving(t, "p1", ["a"]) == ["a"] and t["made"]["a"] == 7  # not retrained: its epochs count
+    assert collect(t, "p1", "a") == ("wait", None)  # p0 has not reached its next epoch yet
+    assert give(t, "p1", "a", "s") is False  # only the old owner gives
+    assert progress(t, "p0", made={"a": 8, "b": 9}) == ["a"]
+    assert give(t, "p0", "a", "state at 8") is True
+    assert collect(t, "p1", "a") == ("resume", "state at 8")
+    assert arriving(t, "p1", ["a"]) == [] and give(t, "p0", "a", "late") is False  # collected once
+    assert progress(t, "p1", made={"a": 9}) == [] and t["made"]["a"] == 9
+
+
+def test_a_move_pays_only_while_two_epochs_are_left():
+    t: dict = {}
+    claim(t, "p0", "x", ORDER[:2], PACKS, want=2)
+    progress(t, "p0", made={"a": 11, "b": 10})
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == ["b"]  # 12 - 10 = 2 left
+    t2: dict = {}
+    claim(t2, "p0", "x", ORDER[:2], PACKS, want=2)
+    progress(t2, "p0", made={"a": 11, "b": 11})
+    assert claim(t2, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == []
+
+
+def test_a_member_that_ends_on_its_old_owner_before_the_hand_over_stays_there():
+    t: dict = {}
+    claim(t, "p0", "x", ORDER[:2], PACKS, want=2)
+    progress(t, "p0", made={"a": 3, "b": 3})
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == ["b"]
+    # p0's next epoch pruned b (a rung) before it heard of the move: b stays with p0, done
+    assert progress(t, "p0", made={"a": 4}, done=["b"]) == []
+    assert t["owner"]["b"] == "p0" and t["done"]["b"]
+    assert collect(t, "p1", "b") == ("drop", None) and give(t, "p0", "b", "s") is False
+    assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == []  # a: p0 holds only one
+
+
+def test_the_taker_replays_when_the_old_owner_restarted_or_stopped():
+    for restart in (True, False):
+        t: dict = {}
+        claim(t, "p0", "x", ORDER[:2], PACKS, want=2)
+        progress(t, "p0", made={"a": 3, "b": 2})
+        assert claim(t, "p1", "y", ORDER[:2], PACKS, want=1, horizon=H, moves=True) == ["b"]
+        if restart:  # p0's worker died: Dask reruns it, and it takes back what it still owns
+            assert claim(t, "p0", "x2", ORDER[:2], PACKS, want=2) == ["a"]
+            assert collect(t, "p1", "b") == ("replay", None)
+        else:  # its task is no longer running (cancelled): it will never hand b over
+            assert collect(t, "p1", "b", alive=False) == ("replay", None)
+        assert t["made"]["b"] == 0 and give(t, "p0", "b", "s") is False
+
+
+@st.composite
+def moving_schedules(draw):
+    """Claims (with moves), epochs, endings, hand-overs, collections and restarts, any order."""
+    order = [f"m{i}" for i in range(draw(st.integers(1, 6)))]
+    packs = [f"p{i}" for i in range(draw(st.integers(1, 3)))]
+    ops = ["claim", "epoch", "end", "restart", "give", "collect", "collect_dead"]
+    calls = draw(st.lists(st.tuples(st.sampled_from(packs), st.sampled_from(ops), st.integers(0, 3)), max_size=80))
+    return order, packs, calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(moving_schedules())
+def test_moves_never_let_two_packs_train_one_member_nor_lose_one(schedule):
+    """Packs that follow the protocol (a taker trains a moving member only once ``collect`` says so;
+    an old owner gives what it lost at its next epoch) never train one member in two packs at once,
+    a member's epochs go on from the state handed over, and every member ends up owned."""
+    order, packs, calls = schedule
+    horizon = dict.fromkeys(order, 6)
+    t: dict = {}
+    attempt = {p: 0 for p in packs}
+    trains: dict = {p: {} for p in packs}  # pack -> {member: epochs} it trains now
+    awaiting: dict = {p: set() for p in packs}  # members moving to the pack, not collected yet
+    owed: dict = {p: {} for p in packs}  # pack -> {member: epochs} it lost and must hand over
+    ended: set = set()
+    stopped: set = set()  # packs whose task ended (cancelled): they train nothing more
+    for pack, op, n in calls:
+        if pack in stopped and op != "restart":
+            continue
+        if op == "restart":
+            attempt[pack] += 1
+            stopped.discard(pack)
+            trains[pack], awaiting[pack], owed[pack] = {}, set(), {}
+            got = claim(t, pack, attempt[pack], order, packs, want=0)
+            moving = arriving(t, pack, got)
+            for k in got:  # its own members again: retrained from their seeds, or still to collect
+                if k in moving:
+                    awaiting[pack].add(k)
+                else:
+                    trains[pack][k] = 0
+        elif op == "epoch":
+            for k in trains[pack]:
+                if k not in ended:
+                    trains[pack][k] += 1
+            for k in progress(t, pack, made=dict(trains[pack])):
+                owed[pack][k] = trains[pack].pop(k)
+        elif op == "end" and trains[pack]:
+            k = sorted(trains[pack])[n % len(trains[pack])]
+            ended.add(k)
+            for lost in progress(t, pack, made=dict(trains[pack]), done=[k]):
+                owed[pack][lost] = trains[pack].pop(lost)
+        elif op == "give" and owed[pack]:
+            k = sorted(owed[pack])[0]
+            give(t, pack, k, owed[pack].pop(k))
+        elif op in ("collect", "collect_dead") and awaiting[pack]:
+            k = sorted(awaiting[pack])[0]
+            if op == "collect_dead":  # the old owner's task ends before it hands k over
+                old = t["moving"][k]["from"]
+                stopped.add(old)
+                trains[old], awaiting[old], owed[old] = {}, set(), {}
+            what, state = collect(t, pack, k, alive=op == "collect")
+            if what != "wait":
+                awaiting[pack].discard(k)
+            if what == "resume":
+                trains[pack][k] = state
+            elif what in ("replay", "start"):
+                trains[pack][k] = 0
+        elif op == "claim":
+            got = claim(t, pack, attempt[pack], order, packs, want=n, horizon=horizon, moves=True)
+            moving = arriving(t, pack, got)
+            for k in got:
+                if k in moving:
+                    awaiting[pack].add(k)
+                elif k not in trains[pack]:
+                    trains[pack][k] = 0
+        for k in order:  # one trainer per member at any time
+            assert sum(k in trains[p] for p in packs) <= 1, (k, trains)
+        for p in packs:
+            for k in trains[p]:
+                assert t["owner"][k] == p or k in ended or any(k == m and p == old for m, old, _, _ in t["takeovers"])
+    for pack in packs:
         while claim(t, pack, attempt[pack], order, packs, want=3):
             pass
     assert sorted(t.get("owner", {})) == sorted(order)

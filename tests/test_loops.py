@@ -131,6 +131,36 @@ def test_a_removed_member_leaves_the_others_unchanged_and_a_waiting_one_joins(di
         pack.result("b")
 
 
+@pytest.mark.parametrize("loop", [LOOP, gpu.Loop(model=MLP, step=plain_sgd_step)], ids=["built-in", "own-step"])
+def test_a_member_moved_to_another_pack_goes_on_as_if_it_had_stayed(digits, loop):
+    """snapshot() in one PackedLoop, add(resume=...) in another (a take-over's move): the moved
+    member's later epochs, momentum and batch order included, are those of its solo run, with a
+    cosine schedule whose clock moves along; the pack it left goes on unchanged."""
+    members = {"a": dict(lr=0.1, momentum=0.9, seed=0, epochs=5, schedule="cosine"), "b": dict(lr=0.05, seed=1, epochs=5)}
+    if loop.step is not None:
+        members = {k: {p: v for p, v in m.items() if p not in ("momentum", "schedule")} for k, m in members.items()}
+    old = PackedLoop(digits, loop, members, batch_size=16)
+    seen = run_pack(old, remove={"a": 2})  # a leaves after epoch 2 ...
+    assert [r["epoch"] for r in seen["a"]] == [1, 2]
+    old2 = PackedLoop(digits, loop, members, batch_size=16)
+    for _ in range(2):
+        old2.epoch()
+    state = old2.snapshot("a")
+    assert PackedLoop(digits, loop, members, batch_size=16, active=1).snapshot("b") is None  # b waits: nothing to move
+    new = PackedLoop(digits, loop, {"c": dict(lr=0.3, seed=5, epochs=5)}, batch_size=16)
+    new.add("a", members["a"], resume=state)  # ... and goes on in another pack, beside a member of its own
+    after = run_pack(new)
+    alone = list(train_loop(digits, loop=loop, batch_size=16, **members["a"]))
+    assert [r["epoch"] for r in after["a"]] == [3, 4, 5]
+    assert_same_curves(state["history"] + after["a"], alone)
+    assert [r["epoch"] for r in new.result("a")["history"]] == [1, 2, 3, 4, 5]
+    assert_same_curves(seen["b"], list(train_loop(digits, loop=loop, batch_size=16, **members["b"])))
+    with pytest.raises(ValueError, match="cannot resume"):
+        gpu.PackedTrainer(digits, MLP, {"x": dict(lr=0.1)}, batch_size=16).add("y", dict(lr=0.1), resume=state)
+    with pytest.raises(ValueError, match="not members"):
+        PackedLoop(digits, loop, {"c": dict(lr=0.3)}, batch_size=16, resume={"zz": state})
+
+
 def fixed_lr_step(forward, state, batch, hp):
     """A user-written step with no hyper-parameters of its own (its rate is fixed inside)."""
     x, y = batch
@@ -310,3 +340,39 @@ def test_a_worker_killed_mid_pack_gives_the_same_decisions():
         assert [r["accuracy"] for r in h] == pytest.approx([r["accuracy"] for r in full[:len(h)]], abs=1e-6)
     finished = result.table[result.table["status"] == "ok"]
     assert result.value["accuracy"] == pytest.approx(finished["accuracy"].max())
+
+
+def _import_loops():
+    import gpu.loops  # noqa: F401
+
+
+def test_an_idle_packed_loop_task_takes_a_member_over_and_goes_on_from_its_state(client, digits):
+    """A packed loop task that starts when its group's other one holds every member takes one over
+    and *moves* it (graph/state/claims.py: moves): the old owner hands the member's state over at
+    its next epoch and the taker goes on from there. No epoch is trained twice (no report is
+    replayed), every iteration reaches the run once and in order, each member ends in one result
+    with its whole history, and every curve is its solo run's."""
+    from graph.packing import packed_train
+    from tests.rule_check import run_a_late_second_pack
+
+    members = {"t-a": dict(lr=0.05, seed=0, epochs=40), "t-b": dict(lr=0.2, seed=1, momentum=0.5, epochs=40)}
+    client.run(_import_loops)  # the second task's worker must not spend its first seconds importing torch
+
+    def submit(key):
+        return client.submit(packed_train, digits, model=LOOP, members=members, shared={"batch_size": 16},
+                             prunes=dict.fromkeys(members), active=2, claims="mv", packs=("mv-0", "mv-1"),
+                             kind="loop", key=key, pure=False)
+
+    values, delivered, table, replayed = run_a_late_second_pack(client, submit, "mv", members, 40)
+    assert len(table["takeovers"]) == 1
+    taken, old, new, made = table["takeovers"][0]
+    assert (taken, old, new) == ("t-b", "mv-0", "mv-1") and made >= 1
+    assert sorted(values[0]) == ["t-a"] and sorted(values[1]) == ["t-b"]
+    assert replayed == 0  # moved, not retrained: nothing was sent twice
+    for k in members:
+        assert [i for key, i in delivered if key == k] == list(range(1, 41))
+    result = {**values[0], **values[1]}
+    for k, own in members.items():
+        assert [r["epoch"] for r in result[k]["history"]] == list(range(1, 41))
+        assert_same_curves(result[k]["history"], list(train_loop(digits, loop=LOOP, batch_size=16, **own)))
+

@@ -319,10 +319,6 @@ def test_packed_tasks_claim_members_at_run_time(client, digits):
         assert_same_curves(v["history"], first[k]["history"])
 
 
-def _claim_table(dask_scheduler=None, name=None):
-    return dask_scheduler.get_metadata(keys=["quiver", "claims", name], default=None)
-
-
 def _import_packing():
     import gpu.packing  # noqa: F401
 
@@ -336,32 +332,19 @@ def test_an_idle_packed_task_takes_a_member_over_and_replays_it(client, digits):
     shared = dict(SHARED, epochs=20)
     prunes = {k: None for k in members}
     client.run(_import_packing)  # the second task's worker must not spend its first seconds importing torch
-    events: queue.Queue = queue.Queue()
-    channel = ReportChannel(client, lambda key, i, report: events.put((key, i)), keys=set(members))
-    delivered = []
-    try:
-        def submit(key):
-            return client.submit(packed_train, digits, model=MLP, members=members, shared=shared, prunes=prunes,
-                                 active=2, claims="takeover-test", packs=("tk-0", "tk-1"), key=key, pure=False)
 
-        first = submit("tk-0")
-        delivered.append(events.get(timeout=WAIT))  # tk-0 trains both members: an epoch is done
-        deadline = time.monotonic() + WAIT  # and has told the table (its per-epoch round trip)
-        while not (client.run_on_scheduler(_claim_table, name="takeover-test") or {}).get("made", {}).get("t-b"):
-            assert time.monotonic() < deadline, "tk-0 never reported an epoch to its claim table"
-            time.sleep(0.01)
-        second = submit("tk-1")
-        values = client.gather([first, second])
-        while not events.empty() or len(delivered) < 40:
-            delivered.append(events.get(timeout=WAIT))
-        table = client.run_on_scheduler(_claim_table, name="takeover-test")
-    finally:
-        channel.close()
+    def submit(key):
+        return client.submit(packed_train, digits, model=MLP, members=members, shared=shared, prunes=prunes,
+                             active=2, claims="tk", packs=("tk-0", "tk-1"), key=key, pure=False)
+
+    from tests.rule_check import run_a_late_second_pack
+
+    values, delivered, table, replayed = run_a_late_second_pack(client, submit, "tk", members, 20, wait=WAIT)
     assert len(table["takeovers"]) == 1
     taken, old, new, made = table["takeovers"][0]
     assert (taken, old, new) == ("t-b", "tk-0", "tk-1") and 1 <= made < 10
     assert sorted(values[0]) == ["t-a"] and sorted(values[1]) == ["t-b"]  # each member in one result
-    assert channel.replayed >= 1  # what tk-0 had sent for t-b came again from tk-1
+    assert replayed >= 1  # what tk-0 had sent for t-b came again from tk-1
     for k in members:  # every iteration delivered once, in order
         assert [i for key, i in delivered if key == k] == list(range(1, 21))
     alone = {k: PackedTrainer(digits, MLP, {k: members[k]}, **shared).run()[k] for k in members}

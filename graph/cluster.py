@@ -218,7 +218,11 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
                 return LocalCluster(**dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables}))
             return LocalCluster(**kwargs)
 
-        cluster, method = start_workers(make, needed, preload, budgeted=memory_budget is not None)
+        from .table import import_table_library
+
+        # the run's table needs pandas at its end: imported while the workers' server imports
+        cluster, method = start_workers(make, needed, preload, budgeted=memory_budget is not None,
+                                        meanwhile=import_table_library)
         if info is not None:
             info["start_method"] = method
         try:

@@ -105,14 +105,16 @@ def _configured() -> str:
 
 
 def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], modules: Iterable[str] = (),
-                  budgeted: bool = False) -> tuple[T, str]:
+                  budgeted: bool = False, meanwhile: Callable[[], None] | None = None) -> tuple[T, str]:
     """``(make(method), method)``: ``make`` starts a cluster whose nannies (Dask's) start their
     workers with ``method``, forks of Quiver's server (started on first use with the
     ``modules`` :func:`preloadable` allows, already imported here) where :func:`start_method`
     allows.  When a start with forks fails (the server could not start or died, e.g. a
     preloaded module failing in it), the failure is logged, the server is not used again in
     this process, and ``make`` is called once more with Dask's ``spawn``.  ``environ``: the
-    variables the workers need, as this process's environment has them when the nannies start."""
+    variables the workers need, as this process's environment has them when the nannies start.
+    ``meanwhile``: work for this process while a server it has just started imports (the
+    server's imports, seconds, are the start's longest part), before the scheduler starts."""
     import dask
 
     global _server_environ
@@ -136,6 +138,9 @@ def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], m
             except OSError as exc:  # logged: the workers are spawned instead
                 _give_up(exc)
                 method = "spawn"
+            else:
+                if meanwhile is not None:
+                    meanwhile()
     if method == "forkserver":
         try:
             with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):

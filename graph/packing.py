@@ -534,8 +534,18 @@ def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping |
     unsettled = [k for k in done if k in moving and not moving[k].get("kept")]
     lost = progress(table, kwargs["pack"], made, done) if made is not None else []
     _wake(dask_scheduler, name, [k for k in unsettled if moving[k].get("kept")])  # their takers drop them
+    if _others_wait(dask_scheduler, kwargs["pack"]):
+        kwargs["horizon"] = None  # no take-over: the thread goes to a task waiting for it (another group's pack)
     got = claim(table, **kwargs)
     return lost, got, arriving(table, kwargs["pack"], got)
+
+
+def _others_wait(dask_scheduler: Any, key: str) -> bool:
+    """Whether tasks wait for a thread of the worker running task ``key`` (assigned to it beyond
+    its threads): then a packed task with nothing left ends rather than take a member over."""
+    ts = dask_scheduler.tasks.get(key)
+    ws = getattr(ts, "processing_on", None)
+    return ws is not None and len(ws.processing) > ws.nthreads
 
 
 def _move_event(name: str, member: str) -> str:

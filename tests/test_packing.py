@@ -411,3 +411,20 @@ def test_a_pruning_run_prunes_packed_members_at_rungs_and_the_others_keep_their_
             assert len(mine) == 3
     finished = table[table["status"] == "ok"]
     assert pruned_run.value["accuracy"] == pytest.approx(finished["accuracy"].max())
+
+
+def test_no_take_over_while_other_tasks_wait_for_the_workers_thread():
+    """The scheduler-side check a claim makes before a take-over: a packed task whose worker has
+    more tasks assigned than threads (another group's packed task waits) ends instead."""
+    from types import SimpleNamespace as NS
+
+    from graph.packing import _others_wait
+
+    def scheduler(assigned, threads):
+        worker = NS(processing=dict.fromkeys(assigned), nthreads=threads)
+        return NS(tasks={"pack": NS(processing_on=worker), "gone": NS(processing_on=None)})
+
+    assert _others_wait(scheduler(["pack", "other-group-pack"], 1), "pack")
+    assert not _others_wait(scheduler(["pack"], 1), "pack")
+    assert not _others_wait(scheduler(["pack", "other"], 2), "pack")  # a second thread runs it
+    assert not _others_wait(scheduler(["pack"], 1), "gone") and not _others_wait(scheduler([], 1), "unknown")

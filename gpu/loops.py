@@ -68,11 +68,12 @@ _OWN = ("seed", "epochs", "schedule")
 #: :func:`train_loop`'s ``epochs`` when a member does not say
 DEFAULT_EPOCHS = 10  # a member's own, but not a hyper-parameter its step reads
 _SGD_DEFAULTS = {"momentum": 0.0, "weight_decay": 0.0}
-#: measurements per member count when tuning (the best one counts), and the steps of each: on
-#: benchmarks/train_explore.py's MLP at batch 16 and 64, 2 x 10 chose the member counts 3 x 20
-#: chose, at a third of the cost (0.1 s of a packed task's start instead of 0.3 s)
-_REPEATS = 2
-_TUNE_STEPS = 10
+#: measurements per member count when tuning (the best one counts), and the steps of each (0.3 s
+#: of a packed task's start on benchmarks/train_explore.py's MLP). 2 x 10 cost 0.1 s and chose the
+#: same counts on a quiet core, but on a busy test machine it chose 1 member (no packing) in 2 of 8
+#: runs of tests/test_staged_training.py's packed test, against 0 of 8 with 3 x 20
+_REPEATS = 3
+_TUNE_STEPS = 20
 
 
 @dataclass(frozen=True)

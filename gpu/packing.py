@@ -315,7 +315,7 @@ class PackedTrainer(Membership):
 
     def __init__(self, data: Any, model: Callable[[], nn.Module], members: Mapping[Hashable, Mapping], *,
                  active: int | str | None = None, publish: bool = False, tuning: list | None = None,
-                 most: int | None = None, **shared: Any) -> None:
+                 most: int | None = None, resume: Mapping[Hashable, Any] | None = None, **shared: Any) -> None:
         from .training import _as_data
 
         if not callable(model):
@@ -346,6 +346,10 @@ class PackedTrainer(Membership):
                              f"{self.k} replica(s) x batch_size={self.batch_size}; use a smaller batch")
         self.waiting: list[Hashable] = list(self.configs)
         self.members: dict[Hashable, _Member] = {}
+        unknown = sorted(map(str, set(resume or ()) - set(self.configs)))
+        if unknown:
+            raise ValueError(f"PackedTrainer: resume names {unknown}, which are not members")
+        self._resume = dict(resume or {})  # name -> snapshot(): members that go on where another pack left them
         self.publish = publish
         self.tuning: list = [tuple(p) for p in tuning or ()]  # given: a remembered curve (with an int active)
         self.tuning_s = 0.0
@@ -361,14 +365,54 @@ class PackedTrainer(Membership):
         self._fill()
 
     # --- membership -------------------------------------------------------------------------
+    resumes = True
+    _ROWS = ("W", "U", "Wbar")  # a member's blocks of the group's rows (S-SGD's momentum is its U row)
+
+    def snapshot(self, name: Hashable) -> dict | None:
+        """Member ``name``'s training state, to go on in another :class:`PackedTrainer` of its
+        group (``add(name, params, resume=state)``; a packed task's take-over moves it so): its
+        blocks of the stacked rows (weights, momentum, SMA's reference weights), its central
+        model, SMA's last central step and step count, its batch order's generator, learning rate
+        (after drops), ``epoch`` and ``history``. ``None`` for a member still waiting to start.
+
+        >>> import functools, gpu
+        >>> mlp, data = functools.partial(gpu.MLP, 64, 10), gpu.load_digits_tensors(seed=0)
+        >>> a = PackedTrainer(data, mlp, {"m": {"lr": 0.1}}, batch_size=16, replicas=2, epochs=3)
+        >>> _ = a.epoch()
+        >>> b = PackedTrainer(data, mlp, {"m": {"lr": 0.1}}, batch_size=16, replicas=2, epochs=3,
+        ...                   resume={"m": a.snapshot("m")})
+        >>> b.epoch()["m"]["accuracy"] == a.epoch()["m"]["accuracy"]
+        True
+        """
+        m = self.members.get(name)
+        if m is None or m.outcome is not None:
+            return None
+        g = self.group
+        i = g.members.index(m)
+        return {"rows": {r: g.block(getattr(g, r), i).detach().clone() for r in self._ROWS},
+                "z": m.state.z.detach().clone(), "delta_prev": m.state.delta_prev.detach().clone(),
+                "steps": m.state.steps, "generator": m.gen.get_state(), "lr": m.lr, "epoch": m.epoch,
+                "history": list(m.history), "elapsed_s": time.perf_counter() - (m.t_start or time.perf_counter())}
+
     def _start(self, name: Hashable) -> None:
         cfg = self.configs[name]
         torch.manual_seed(cfg.seed)  # the member's own seeded weights, as its solo run builds them
         w0 = self.group.fm.layout.flatten(self.model()).to(self.group.fm.device)
         m = _Member(name, cfg, w0)
         m.t_start = time.perf_counter()
+        moved = self._resume.pop(name, None)
+        if moved is not None:  # where another pack of the group left it (snapshot)
+            m.state = SMAState(z=moved["z"].to(w0), delta_prev=moved["delta_prev"].to(w0), steps=int(moved["steps"]))
+            m.gen.set_state(moved["generator"])
+            m.lr, m.epoch, m.history = float(moved["lr"]), int(moved["epoch"]), list(moved["history"])
+            m.sma = cfg.sma(m.lr)
+            m.t_start -= float(moved["elapsed_s"])
         self.members[name] = m
         self.group.add(m, w0)
+        if moved is not None:
+            i = len(self.group.members) - 1
+            for r in self._ROWS:
+                self.group.block(getattr(self.group, r), i).copy_(moved["rows"][r])
         self._tell(name, {"kind": "start", "algorithm": cfg.algorithm, "epochs": cfg.epochs, "lr": cfg.lr,
                           "batch_size": cfg.batch_size, "replicas": str(self.k)})
 

@@ -173,7 +173,7 @@ def _claimer(pack: _Task, claims: str | None, order: list, packs: list, horizon:
     :func:`graph.state.claims.claim` on the group's table on the scheduler, one round trip, inside
     a run; every member at once otherwise. ``arriving``: the claimed members that move here from
     another pack (``moves``: the trainer can resume a member's state), whose state
-    :func:`_collector` waits for."""
+    :func:`_mover` waits for."""
     if claims is None or pack.worker is None:
         left = list(order)
 
@@ -520,7 +520,7 @@ def pack_compiled(compiled: Any, slots: int | None = None, run: str | None = Non
 
 
 def claim_on_scheduler(dask_scheduler: Any = None, *, name: str, made: Mapping | None = None,
-                       done: Iterable = (), **kwargs: Any) -> tuple[list, list]:
+                       done: Iterable = (), **kwargs: Any) -> tuple[list, list, list]:
     """:func:`graph.state.claims.progress` (when ``made`` is given) then :func:`graph.state.claims.claim` on the table ``name`` in the
     scheduler's task metadata, run by ``client.run_on_scheduler`` (the scheduler runs it in its
     event loop: no two calls interleave). Returns ``(lost, claimed, arriving)``

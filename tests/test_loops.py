@@ -155,8 +155,6 @@ def test_a_member_moved_to_another_pack_goes_on_as_if_it_had_stayed(digits, loop
     assert_same_curves(state["history"] + after["a"], alone)
     assert [r["epoch"] for r in new.result("a")["history"]] == [1, 2, 3, 4, 5]
     assert_same_curves(seen["b"], list(train_loop(digits, loop=loop, batch_size=16, **members["b"])))
-    with pytest.raises(ValueError, match="cannot resume"):
-        gpu.PackedTrainer(digits, MLP, {"x": dict(lr=0.1)}, batch_size=16).add("y", dict(lr=0.1), resume=state)
     with pytest.raises(ValueError, match="not members"):
         PackedLoop(digits, loop, {"c": dict(lr=0.3)}, batch_size=16, resume={"zz": state})
 

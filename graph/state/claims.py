@@ -28,7 +28,7 @@ Rules:
   and drops the member. So survivors of a rung spread over idle worker threads instead of
   sharing one. A pack that holds an unfinished member never takes one over (no ping-pong).
 - **Moves** (``moves=True``: the group's trainer can hand a member's state over, as
-  :class:`gpu.PackedLoop` can): a take-over moves the member instead of replaying it. The
+  :class:`gpu.PackedLoop` and :class:`gpu.PackedTrainer` can): a take-over moves the member instead of replaying it. The
   table records the move (``table["moving"]``); the old owner, told by :func:`progress` at
   its next epoch, hands the member's state over (:func:`give`: its training state, or
   ``None`` for a member it had not started), and the taker waits for it (:func:`collect`) and

@@ -392,10 +392,7 @@ class PackedLoop(Membership):
             if self.steps < 1:
                 raise ValueError(f"train_loop: {len(self.x_train)} training samples cannot fill one batch of "
                                  f"{self.batch_size}; use a smaller batch_size")
-        unknown = sorted(map(str, set(resume or ()) - set(self.configs)))
-        if unknown:
-            raise ValueError(f"PackedLoop: resume names {unknown}, which are not members")
-        self._resume = dict(resume or {})  # name -> snapshot(): members that go on where another pack left them
+        self._resume = self._resumes_from(resume)
         self.members: dict[Hashable, _Member] = {}
         self.order: list[_Member] = []  # the active members, in row order
         self.waiting: list[Hashable] = list(self.configs)

@@ -210,6 +210,7 @@ class Membership:
     waiting: list
     members: dict
     active_limit: int
+    _resume: dict  # name -> snapshot(): members that go on where another trainer of the group left them
     publish: bool = False  # inside a Dask task: each member's curve on the dashboard, under its name
     #: whether a member's state can leave (:meth:`snapshot`) and join another trainer of the group
     #: (``add(..., resume=state)``): a packed task's take-over then moves it instead of replaying it
@@ -244,6 +245,17 @@ class Membership:
         (``add(name, params, resume=...)``): ``None`` for a member still waiting to start."""
         raise NotImplementedError(f"{type(self).__name__} does not hand members over")
 
+    def _resumes_from(self, resume: Mapping[Hashable, Any] | None) -> dict:
+        """The constructor's ``resume`` (``{member: snapshot}``), checked: members that go on
+        where another trainer of the group left them."""
+        unknown = sorted(map(str, set(resume or ()) - set(self.configs)))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: resume names {unknown}, which are not members")
+        if resume and not self.resumes:
+            raise ValueError(f"{type(self).__name__}: cannot resume snapshots; this trainer starts members "
+                             "from their seeds")
+        return dict(resume or {})
+
     def _fill(self) -> None:
         while self.waiting and len(self._training()) < self.active_limit:
             self._start(self.waiting.pop(0))
@@ -268,7 +280,7 @@ class Membership:
             if not self.resumes:
                 raise ValueError(f"{type(self).__name__}.add: member {name!r} cannot resume a snapshot here; "
                                  "this trainer starts members from their seeds")
-            self.__dict__.setdefault("_resume", {})[name] = resume
+            self._resume[name] = resume
         self.configs[name] = self._config(name, params)
         self.waiting.append(name)
         self._fill()
@@ -346,10 +358,7 @@ class PackedTrainer(Membership):
                              f"{self.k} replica(s) x batch_size={self.batch_size}; use a smaller batch")
         self.waiting: list[Hashable] = list(self.configs)
         self.members: dict[Hashable, _Member] = {}
-        unknown = sorted(map(str, set(resume or ()) - set(self.configs)))
-        if unknown:
-            raise ValueError(f"PackedTrainer: resume names {unknown}, which are not members")
-        self._resume = dict(resume or {})  # name -> snapshot(): members that go on where another pack left them
+        self._resume = self._resumes_from(resume)
         self.publish = publish
         self.tuning: list = [tuple(p) for p in tuning or ()]  # given: a remembered curve (with an int active)
         self.tuning_s = 0.0
@@ -392,7 +401,7 @@ class PackedTrainer(Membership):
         return {"rows": {r: g.block(getattr(g, r), i).detach().clone() for r in self._ROWS},
                 "z": m.state.z.detach().clone(), "delta_prev": m.state.delta_prev.detach().clone(),
                 "steps": m.state.steps, "generator": m.gen.get_state(), "lr": m.lr, "epoch": m.epoch,
-                "history": list(m.history), "elapsed_s": time.perf_counter() - (m.t_start or time.perf_counter())}
+                "history": list(m.history), "elapsed_s": time.perf_counter() - m.t_start}
 
     def _start(self, name: Hashable) -> None:
         cfg = self.configs[name]

@@ -119,6 +119,16 @@ def test_a_member_moved_to_another_packed_trainer_goes_on_as_if_it_had_stayed(di
         alone = PackedTrainer(digits, MLP, {name: members[name]}, **shared).run()[name]
         assert_same_curves(result["history"], alone["history"])
     assert PackedTrainer(digits, MLP, members, active=1, **shared).snapshot("b") is None  # waiting: nothing to move
+    with pytest.raises(ValueError, match="not members"):
+        PackedTrainer(digits, MLP, members, resume={"zz": state}, **shared)
+
+    class Seeded(PackedTrainer):  # a trainer that cannot hand members over refuses a snapshot with the reason
+        resumes = False
+
+    with pytest.raises(ValueError, match="cannot resume"):
+        Seeded(digits, MLP, members, **shared).add("c", dict(lr=0.1), resume=state)
+    with pytest.raises(ValueError, match="cannot resume"):
+        Seeded(digits, MLP, members, resume={"a": state}, **shared)
 
 
 def test_auto_members_are_tuned_on_a_scratch_group_without_changing_training(digits, solo):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fresh_python import python_prints
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["pipelines", "graph", "gpu"]
@@ -40,14 +41,6 @@ def test_public_api_is_listed(package):
     assert isinstance(module.__all__, list)
     for name in module.__all__:
         assert getattr(module, name) is not None
-
-
-def python_prints(code: str) -> str:
-    """What ``python -c code`` prints (stripped), run from the repository in a fresh interpreter
-    (so nothing this test process imported counts); its stderr is the failure message."""
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip()
 
 
 def test_builder_import_does_not_import_dask():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from graph.workerstart import preloadable, start_method
+from tests.fresh_python import python_prints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,27 +168,19 @@ def test_a_module_failing_in_the_prepared_process_leaves_it_serving(tmp_path):
     assert out["workers"] == [{"bad": False, "svm": True}]  # the others were preloaded all the same
 
 
-def _results(code: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return lines[-1]
-
-
 def test_a_started_server_leaves_this_process_its_meanwhile_work():
     """``start_workers(meanwhile=...)`` runs the work once, right after it starts the server
     (whose imports it overlaps), never when the server runs already; an embedded cluster's start
     gives it the run's table library (pandas), which a torch script that has not imported it
     would otherwise import after the run's last task, with the workers idle."""
-    assert _results(r'''
+    assert python_prints(r'''
 import sys, graph.workerstart as ws
 calls = []
 first = ws.start_workers(lambda method: method, {}, (), meanwhile=lambda: calls.append("pandas" in sys.modules))
 again = ws.start_workers(lambda method: method, {}, (), meanwhile=lambda: calls.append("again"))
 print("RESULT", first[1], again[1], calls)
 ''') == "RESULT forkserver forkserver [False]"
-    assert _results(r'''
+    assert python_prints(r'''
 import sys
 from graph.cluster import connect
 before = "pandas" in sys.modules

@@ -334,7 +334,7 @@ class ExplorationDriver:
 
     def resume(self, droppable: frozenset | None = None) -> None:
         """After a sampling pass: install the plan's droppable keys and run the rest."""
-        events: list = [MemoryPlanned(droppable)] if droppable is not None else []
+        events: list = [self._plan_event(droppable)] if droppable is not None else []
         self.apply(self._handle(*events, Start()))
         self.run()
 
@@ -407,7 +407,11 @@ class ExplorationDriver:
                 todo.extend(self._planned(replan))
 
     def _planned(self, droppable: frozenset | None) -> list:
-        return [] if droppable is None else self._handle(MemoryPlanned(droppable))
+        return [] if droppable is None else self._handle(self._plan_event(droppable))
+
+    def _plan_event(self, droppable: frozenset) -> MemoryPlanned:
+        """The plan's decisions for the state machine: what it may drop, and whether its data fit."""
+        return MemoryPlanned(droppable, self.budget.copyable if self.budget is not None else frozenset())
 
     def _submit(self, ins: Submit) -> None:
         if self.started is None:
@@ -423,7 +427,7 @@ class ExplorationDriver:
             layers[f"quiver-{uuid.uuid4().hex[:8]}"] = MaterializedLayer(placed, annotations=where)
         hlg = HighLevelGraph(layers, {})
         hlg.dependencies = {name: set() for name in hlg.layers}
-        futs = self.client.get(hlg, list(ins.tasks), sync=False)
+        futs = self.client.get(hlg, [k for k in ins.tasks if k not in ins.internal], sync=False)
         for fut in futs:
             self.futures[fut.key] = fut
         self._watch(futs)
@@ -613,7 +617,7 @@ class _Run:
         if sampled:
             driver.resume(droppable)
         else:
-            driver.apply(driver._handle(MemoryPlanned(droppable)))
+            driver.apply(driver._handle(driver._plan_event(droppable)))
             driver.run()
         self.rows = self.state.rows()
 
@@ -675,6 +679,7 @@ class _Run:
             "wall_seconds": time.perf_counter() - self.start,
             "first_result_seconds": driver.first_result,
             "lost_results": state.lost,
+            "second_pass_copies": state.copies_made,  # graph/memory/secondpass.py: partitions computed again, not held
         }
         stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)

@@ -250,6 +250,8 @@ class BudgetedRun:
         self.sample = sample
         self.run_id = run_id
         self.plan: MemoryPlan | None = None
+        self.second_passes = False  # set once a plan evicts (see copyable)
+        self._copyable: frozenset | None = None
         self.plugin_name: str | None = None
         self.topic = f"quiver-abort-{run_id}"
         self.replans = 0
@@ -300,6 +302,7 @@ class BudgetedRun:
             if not self._settle():
                 raise
             plan = self._plan({}, strict=not self.sample)
+        plan = self._second_passes_if_evicting(plan, {}, strict=not self.sample)
         if plan.evicts:
             plan = self._prepare_eviction(plan, {}, strict=not self.sample)
         self.plan = plan
@@ -311,6 +314,30 @@ class BudgetedRun:
         # memory monitor samples too slowly to save a tight worker from fast allocations)
         self._install(plan, sure=_all_hinted(compiled))
         return self._droppable(plan)
+
+    @property
+    def copyable(self) -> frozenset:
+        """Empty while the run's data fit; once a plan evicts, the keys a second pass may compute
+        again instead of holding them across a reduction (graph/memory/secondpass.py; the state
+        machine applies it to what it submits, and every plan from then on models it): the
+        partitions of collection steps (Dask's tasks, never a plain step's) whose functions are
+        not marked not-rerunnable."""
+        if not self.second_passes:
+            return frozenset()
+        if self._copyable is None:
+            from ..rerun import is_rerun_safe
+
+            graph, steps = self.compiled.graph, self.compiled.step_of
+            self._copyable = frozenset(k for k in steps if k in graph and is_rerun_safe(getattr(graph[k], "func", None)))
+        return self._copyable
+
+    def _second_passes_if_evicting(self, plan: MemoryPlan, decided: dict, strict: bool) -> MemoryPlan:
+        """The first plan that evicts turns second passes on for the rest of the run (the data
+        do not fit): planned again with their copies, when the run has partitions to copy."""
+        if not plan.evicts or self.second_passes:
+            return plan
+        self.second_passes = True
+        return self._plan(decided, strict=strict) if self.copyable else plan
 
     def _measure_working(self) -> None:
         """Put the working-memory meter on the workers (graph.memory.workmeter): each task's
@@ -412,8 +439,11 @@ class BudgetedRun:
         spilled instead: recomputing them would be a second run)."""
         from ..rerun import is_rerun_safe
 
-        graph = self.compiled.graph
-        return frozenset(k for k in plan.droppable if k not in graph or is_rerun_safe(getattr(graph[k], "func", None)))
+        from ..keys import original_key
+
+        graph = self.compiled.graph  # a second pass's copies are the run's own to let go (not droppable)
+        return frozenset(k for k in plan.droppable if original_key(k) == k
+                         and (k not in graph or is_rerun_safe(getattr(graph[k], "func", None))))
 
     def _plan(self, decided: dict, strict: bool) -> MemoryPlan:
         """A plan from the sizes and seconds measured so far and the chooses' decisions."""
@@ -434,6 +464,7 @@ class BudgetedRun:
             decided=decided,
             strict=strict,
             working=working,
+            second_passes=self.copyable or None,
         )
 
     def replan(self, decided: dict) -> frozenset:
@@ -441,6 +472,7 @@ class BudgetedRun:
         evicts); returns the new droppable keys. Never fails the run: a result too big is the
         guard's to report."""
         plan = self._plan(decided, strict=False)  # with start's measurements (or the default disk speed)
+        plan = self._second_passes_if_evicting(plan, decided, strict=False)
         if self.plan is not None and self.plan.predicted_peak and not self.replans:
             self.first_prediction = self.plan.summary()
         self.plan = plan

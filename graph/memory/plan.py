@@ -36,6 +36,7 @@ from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
+from .secondpass import with_second_passes
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
 
@@ -100,6 +101,7 @@ class MemoryPlan:
     thresholds: Thresholds = field(default_factory=Thresholds)  # Dask's, that the share was computed with
     working: dict = field(default_factory=dict)  # measured working memory per key (graph.memory.working)
     predicted_working_peak: int = 0  # results held plus the running task's temporaries, at the worst moment
+    second_passes: bool = False  # planned with second passes' copies (graph/memory/secondpass.py)
 
     @property
     def evicts(self) -> bool:
@@ -284,6 +286,7 @@ def plan_memory(
     strict: bool = True,
     thresholds: Thresholds | None = None,
     working: Mapping[Any, int] | None = None,
+    second_passes: frozenset | None = None,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -299,6 +302,8 @@ def plan_memory(
     a step's other instances get its largest). A task's temporaries (working memory less its
     result) count toward the peak while it runs, and the plan makes room for those that would
     pass the gap between Dask's spill and pause lines, so the worker need not pause.
+    ``second_passes``: the keys a run whose data do not fit may compute again for a read after a
+    reduction (graph/memory/secondpass.py), planned as the run goes: the copies in the graph.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -310,6 +315,8 @@ def plan_memory(
     baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
     thresholds = dask_thresholds() if thresholds is None else thresholds
     worker_data = _room_for_results(budget, workers, baseline, thresholds)
+    if second_passes:
+        compiled = with_second_passes(compiled, second_passes)
     est = _estimates(compiled, sizes, default_size)
     sched = execution_order(compiled, decided)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
@@ -322,6 +329,7 @@ def plan_memory(
     walk.run(lambda k, inputs, need: _step_fits(k, inputs, need, walk, est, strict, budget, workers, baseline))
     plan = walk.plan(budget, workers, baseline, thresholds)
     plan.working = working
+    plan.second_passes = bool(second_passes)
     return plan
 
 

@@ -112,9 +112,12 @@ class TaskLost:
 
 @dataclass(frozen=True)
 class MemoryPlanned:
-    """The memory plan (re)decided which finished results may be released early and recomputed."""
+    """The memory plan (re)decided which finished results may be released early and recomputed;
+    ``copyable``: when the run's data do not fit its budget, the keys a partition read again after
+    a reduction may be computed again for that read instead of held (graph/memory/secondpass.py)."""
 
     droppable: frozenset
+    copyable: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -136,10 +139,13 @@ class Report:
 # ---- instructions (machine -> driver) ------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Submit ``tasks`` (name -> ``dask.task_spec.Task``) with Dask ``priority`` (name -> int)."""
+    """Submit ``tasks`` (name -> ``dask.task_spec.Task``) with Dask ``priority`` (name -> int);
+    ``internal``: names whose results only other submitted tasks read (a second pass's copies):
+    the run holds no future for them, so Dask lets each go as soon as its readers are done."""
 
     tasks: Mapping[str, Any]
     priority: Mapping[str, int]
+    internal: frozenset = frozenset()
 
 
 @dataclass(frozen=True)

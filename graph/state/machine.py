@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..keys import original_key, recompute_key, step_name
+from ..memory.secondpass import copy_name, second_pass
 from ..wrappers import layers
 from .halving import Halving, curve_choose
 from .metric import extract_metric, metric_failure_cause
@@ -183,6 +184,11 @@ class ExplorationState:
         self.metric_errors: dict[str, tuple[str, str]] = {}  # metric key -> a fused read's (error, traceback)
         self.droppable: frozenset = frozenset()
         self.recomputes = 0
+        # under a plan whose data do not fit: second passes over a collection read copies
+        # (graph/memory/secondpass.py); key -> the late readers that read a copy of it
+        self.copyable: frozenset = frozenset()
+        self.read_as_copy: dict[str, set] = defaultdict(set)
+        self.copies_made = 0
         self.lost = 0  # results lost with their worker before their outcome was taken (TaskLost)
         self.reports_taken = 0  # reports taken (each iteration of each key once)
         # iterative steps and pruning chooses (docs/architecture.md §7.2)
@@ -278,6 +284,7 @@ class ExplorationState:
                 self._deferred = []
         elif isinstance(ev, MemoryPlanned):
             self.droppable = frozenset(ev.droppable)
+            self.copyable = frozenset(ev.copyable)
             self._candidates.update(original_key(n) for n in self.held)
         elif isinstance(ev, Abort):
             self._abort(ev.reason)
@@ -383,9 +390,7 @@ class ExplorationState:
             for tip in tips:
                 self._needs(tip, tasks, prio)
         if tasks:
-            self.held.update(tasks)
-            self.submitted.update(tasks)
-            self._out.append(Submit(tasks, prio))
+            self._submit(tasks, prio)
 
     def _resolve_metric(self, key: str) -> None:
         for tip in self.by_target.get(key, ()):
@@ -693,9 +698,39 @@ class ExplorationState:
             self._touch(tip)
             self._check.append(tip)
         if tasks:
-            self.held.update(tasks)
-            self.submitted.update(tasks)
-            self._out.append(Submit(tasks, prio))
+            self._submit(tasks, prio)
+
+    def _submit(self, tasks: dict, prio: dict) -> None:
+        """One ``Submit``: under a plan whose data do not fit, with second passes' copies."""
+        internal = self._second_pass(tasks, prio) if self.copyable else frozenset()
+        self.held.update(n for n in tasks if n not in internal)
+        self.submitted.update(tasks)
+        self._out.append(Submit(tasks, prio, internal))
+
+    def _second_pass(self, tasks: dict, prio: dict) -> frozenset:
+        """Late readers of a collection's partitions read copies computed after the reduction
+        (graph/memory/secondpass.py), in place in ``tasks``/``prio``; returns the copies' names.
+        What may be copied: ``MemoryPlanned.copyable`` (graph/memory/budget.py says which)."""
+        base, top = self.recomputes, [0]
+
+        def name(k: Any, phase: int) -> Any:  # one copy number per phase, distinct from every other
+            top[0] = max(top[0], phase)
+            return copy_name(k, base + 1 + phase)
+
+        sp = second_pass(tasks, lambda n: original_key(n) in self.copyable, name)
+        if not sp.original:
+            return frozenset()
+        self.recomputes = base + 1 + top[0]
+        for d, ks in sp.late.items():
+            for k in ks:
+                self.read_as_copy[original_key(k)].add(original_key(d))
+        for n, readers in sp.readers.items():
+            prio[n] = max(prio[d] for d in readers)
+        tasks.clear()
+        tasks.update(sp.tasks)
+        self.copies_made += len(sp.original)
+        self._candidates.update(original_key(k) for ks in sp.late.values() for k in ks)
+        return sp.names
 
     def _needs(self, tip: _Tip, tasks: dict, prio: dict) -> None:
         """Add to ``tasks`` what ``tip`` needs that the run does not hold: walking back from
@@ -768,8 +803,9 @@ class ExplorationState:
         if self.choose_hold[key] > 0 and not dropping:
             return True
         skip_waiting = dropping and key in self.finished
+        copied = self.read_as_copy.get(key, ())
         for d in self.dependents.get(key, ()):
-            if d in self.finished:
+            if d in self.finished or d in copied:
                 continue
             if self.demand_sub[d] > 0 or (not skip_waiting and self.demand_wait[d] > 0):
                 return True

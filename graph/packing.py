@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from .errors import PipelineError
 from .iterative import STOP, Iterative, _Task
 from .spec import PruneSpec
 from .state.claims import arriving, claim, collect, give, progress
@@ -67,6 +68,7 @@ __all__ = [
     "member_value",
     "pack_compiled",
     "packable_groups",
+    "packed_members",
     "packed_train",
     "takeovers_on_scheduler",
 ]
@@ -411,6 +413,32 @@ def _remembered_trainer(data: Any, model: Any, members: dict, shared: Mapping, m
     return trainer
 
 
+def packed_members() -> int | str:
+    """How many members a packed task trains at once: dask config ``quiver.packing.members``,
+    ``"auto"`` (the default: tuned once per cluster by Crossbow's rule, :func:`gpu.tune_members`)
+    or a fixed count, for runs that must not depend on a throughput measurement (comparisons,
+    tests on loaded machines). Read on the client when the run is compiled.
+
+    >>> import dask
+    >>> with dask.config.set({"quiver.packing.members": 2}):
+    ...     packed_members()
+    2
+    """
+    import dask
+
+    value = dask.config.get("quiver.packing.members", default="auto")
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise PipelineError(f"dask config quiver.packing.members={value!r}: give 'auto' (tuned) or a "
+                            "whole number of members >= 1 trained at once")
+    return n
+
+
 def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple[dict, dict]:
     """The packed tasks (``min(slots, members)`` per group, claiming members from one table at
     run time) and the member tasks that replace the packable ones."""
@@ -425,6 +453,7 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
                 prunes[b.key] = cp.spec.prune
     new: dict[str, Any] = {}
     packs_of: dict[str, list[str]] = {}  # member key -> its group's packed tasks
+    active = packed_members()
     for g, keys in enumerate(groups):
         first = compiled.graph[keys[0]]
         kind = _train_fn(first.func)[2]
@@ -437,7 +466,8 @@ def _deal(compiled: Any, groups: list[list[str]], slots: int, run: str) -> tuple
                  for i in range(min(max(1, slots), len(keys)))]
         for pkey in packs:  # the claim table's name is the run's: a later run of these keys starts afresh
             new[pkey] = Task(pkey, packed_train, TaskRef(data.key), model=model, members=members, shared=shared,
-                             prunes=member_prunes, claims=f"{run}-{g}", packs=tuple(packs), kind=kind)
+                             prunes=member_prunes, claims=f"{run}-{g}", packs=tuple(packs), kind=kind,
+                             active=active)
         for k in keys:  # Iterative (around a plain function): the run still takes k for an iterative step
             new[k] = Task(k, Iterative(member_value, member_prunes[k]), k, *[TaskRef(p) for p in packs])
             packs_of[k] = packs

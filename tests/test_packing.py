@@ -462,3 +462,19 @@ def test_no_take_over_while_other_tasks_wait_for_the_workers_thread():
     assert not _others_wait(scheduler(["pack"], 1), "pack")
     assert not _others_wait(scheduler(["pack", "other"], 2), "pack")  # a second thread runs it
     assert not _others_wait(scheduler(["pack"], 1), "gone") and not _others_wait(scheduler([], 1), "unknown")
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), (2, 2), ("3", 3), (0, None), (1.5, None), ("many", None),
+                                             (True, None)])
+def test_a_fixed_member_count_comes_from_dask_config_and_bad_values_are_refused(value, expected):
+    import dask
+
+    from graph import PipelineError
+    from graph.packing import packed_members
+
+    with dask.config.set({"quiver.packing.members": value}):
+        if expected is None:
+            with pytest.raises(PipelineError, match="quiver.packing.members"):
+                packed_members()
+        else:
+            assert packed_members() == expected

@@ -64,6 +64,13 @@ def step_of(key: str) -> str:
     return step_name(key)
 
 
+def _as_key(name: Any) -> Any:
+    """A recompute copy's (or a second pass's copy's) key: it is its key's value again, the same size."""
+    from ..keys import original_key  # graph.keys owns the key format
+
+    return original_key(name)
+
+
 class SizeEstimates:
     """Estimated bytes per task key; refined as real sizes are measured."""
 
@@ -88,6 +95,7 @@ class SizeEstimates:
             self.by_step.setdefault(step_of(key), []).append(int(n))
 
     def source(self, key: str) -> str:
+        key = _as_key(key)
         if key in self.measured:
             return "measured"
         if key in self.hints:
@@ -97,6 +105,7 @@ class SizeEstimates:
         return "default"
 
     def get(self, key: str) -> int:
+        key = _as_key(key)
         if key in self.measured:
             return self.measured[key]
         if key in self.hints:

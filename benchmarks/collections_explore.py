@@ -366,7 +366,8 @@ def run_churn(args) -> int:
                         got = {(row["cleaning.how"], row["features.kind"], float(row["model.alpha"])): float(row["val_mse"])
                                for _, row in r.table.iterrows()}
                         extra = {k: r.stats.get(k) for k in ("predicted_spill_bytes", "planned_spill", "planned_recompute",
-                                                              "recomputed_tasks", "memory_plan_installed", "memory_plan_note")}
+                                                              "recomputed_tasks", "memory_plan_installed", "memory_plan_note",
+                                                              "second_pass_copies", "predicted_peak_bytes", "worker_pauses")}
                         if r.memory_plan is not None:
                             extra["plan"] = {"baseline": r.memory_plan.baseline, "share": r.memory_plan.worker_data_budget,
                                              "predicted_spill_bytes": r.memory_plan.spill_bytes,
@@ -381,7 +382,7 @@ def run_churn(args) -> int:
                 print(f"  {m:<16} run {rep + 1}: {res['wall_s']:.1f}s, spilled {format_bytes(res['spilled_bytes'])} "
                       f"({res['spilled_bytes'] / table:.2f}x the table), read back {format_bytes(res['read_back_bytes'])}, "
                       f"peak {format_bytes(res['peak_memory_bytes'])}, {res['executed_tasks']} tasks, "
-                      f"recomputed {res['recomputed_tasks']}", flush=True)
+                      f"recomputed {res['recomputed_tasks']}, second-pass copies {extra.get('second_pass_copies', 0)}", flush=True)
                 print(f"    by cause (MiB): { {k: round(v / MiB) for k, v in sorted(causes.items())} }; plan (MiB): "
                       f"{ {k: round(v / MiB) for k, v in extra.get('plan', {}).items()} }", flush=True)
                 if extra.get("memory_plan_note"):

@@ -295,6 +295,10 @@ def report(result, *, rows: int, budget: int, data: Path) -> None:
           f"{s['naive_tasks']} naive (one job per branch would run these)")
     print(f"peak memory {s['peak_memory_bytes'] / 2**20:,.0f} MiB (sum of workers) vs budget "
           f"{budget / 2**20:,.0f} MiB; spilled {s['spilled_bytes'] / 2**20:,.0f} MiB; {s['wall_seconds']:.1f}s")
+    predicted = s.get("predicted_peak_bytes")
+    print(f"predicted peak {predicted / 2**20:,.0f} MiB" if predicted else "predicted peak: no plan",
+          f"; worker pauses {s.get('worker_pauses', 0)} ({s.get('paused_seconds', 0.0):.1f} s); "
+          f"second-pass copies {s.get('second_pass_copies', 0)}", sep="")
 
 
 def main(argv=None) -> None:

@@ -252,6 +252,7 @@ class BudgetedRun:
         self.plan: MemoryPlan | None = None
         self.second_passes = False  # set once a plan evicts (see copyable)
         self._copyable: frozenset | None = None
+        self._copied: Any = None  # the compiled pipeline with the copies, as the plan models it (made once)
         self.plugin_name: str | None = None
         self.topic = f"quiver-abort-{run_id}"
         self.replans = 0
@@ -453,8 +454,10 @@ class BudgetedRun:
         sizes = SizeEstimates(hints=c.size_hints)
         sizes.update({k: n for k, n in snap.get("nbytes", {}).items() if k in c.graph})
         working = {k: n for k, n in snap.get("working", {}).items() if k in c.graph}
+        if self.copyable and self._copied is None:
+            self._copied = _with_second_passes(c, self.copyable)
         return plan_memory(
-            c,
+            self._copied if self.copyable else c,
             self.budget,
             workers=workers,
             baseline=baseline,
@@ -464,7 +467,7 @@ class BudgetedRun:
             decided=decided,
             strict=strict,
             working=working,
-            second_passes=self.copyable or None,
+            second_passes=bool(self.copyable),
         )
 
     def replan(self, decided: dict) -> frozenset:
@@ -539,6 +542,21 @@ class BudgetedRun:
 
             out.update(compare_with_run(self.plan, {**snap, "spilled_bytes": out["spilled_bytes"]}))
         return out
+
+
+def _with_second_passes(compiled: Any, copyable: frozenset) -> Any:
+    """``compiled`` as a run with second passes runs it, for the plan: its graph with copies of the
+    ``copyable`` keys (graph/memory/secondpass.py; numbered from 2**20, apart from the copies the
+    run makes), and the dependents to match (graph.compiler.dependents_of)."""
+    import dataclasses
+
+    from ..compiler import dependents_of
+    from .secondpass import copy_name, second_pass
+
+    sp = second_pass(compiled.graph, copyable.__contains__, lambda k, c: copy_name(k, (1 << 20) + c))
+    if not sp.original:
+        return compiled
+    return dataclasses.replace(compiled, graph=sp.tasks, dependents=dependents_of(sp.tasks))
 
 
 def spill_target(plan: MemoryPlan) -> int:

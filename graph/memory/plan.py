@@ -36,7 +36,6 @@ from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
-from .secondpass import with_second_passes
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
 
@@ -286,7 +285,7 @@ def plan_memory(
     strict: bool = True,
     thresholds: Thresholds | None = None,
     working: Mapping[Any, int] | None = None,
-    second_passes: frozenset | None = None,
+    second_passes: bool = False,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -302,8 +301,8 @@ def plan_memory(
     a step's other instances get its largest). A task's temporaries (working memory less its
     result) count toward the peak while it runs, and the plan makes room for those that would
     pass the gap between Dask's spill and pause lines, so the worker need not pause.
-    ``second_passes``: the keys a run whose data do not fit may compute again for a read after a
-    reduction (graph/memory/secondpass.py), planned as the run goes: the copies in the graph.
+    ``second_passes``: ``compiled`` holds second passes' copies, as a run whose data do not fit
+    runs them (graph/memory/secondpass.py; graph/memory/budget.py makes it); recorded in the plan.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -315,8 +314,6 @@ def plan_memory(
     baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
     thresholds = dask_thresholds() if thresholds is None else thresholds
     worker_data = _room_for_results(budget, workers, baseline, thresholds)
-    if second_passes:
-        compiled = with_second_passes(compiled, second_passes)
     est = _estimates(compiled, sizes, default_size)
     sched = execution_order(compiled, decided)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)

@@ -26,7 +26,7 @@ and read back, and computing it again holds nothing.
 Nothing is copied when no partition is read late.  The caller says which keys may be computed
 twice (``eligible``: deterministic partition tasks, never a step that must not run twice) and
 when (the run's budget, graph/memory/budget.py: when its plan says the data do not fit; the state
-machine applies it to each submission, the plan models it with :func:`with_second_passes`).
+machine applies it to each submission, and the budget plans the run's graph with the copies).
 
 >>> from dask.task_spec import Task, TaskRef
 >>> def part(i): return [i, i + 1]
@@ -50,7 +50,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SecondPass", "phases", "second_pass", "after", "copy_name", "with_second_passes"]
+__all__ = ["SecondPass", "phases", "second_pass", "after", "copy_name"]
 
 
 def after(value: Any, *_gates: Any) -> Any:
@@ -188,10 +188,12 @@ def second_pass(tasks: Mapping[Hashable, Any], eligible: Callable[[Hashable], bo
                     if a not in late[d] and a not in after_late[c]}, key=str)
         if g:
             gates[n] = tuple(g)
-            out[n] = Task(n, after, out[n].substitute({}, key=None) if hasattr(out[n], "substitute") else out[n],
-                          *(TaskRef(a) for a in g))
-    return SecondPass(out, {k: tuple(sorted((v for (x, _), v in made.items() if x == k), key=str))
-                            for k in {x for x, _ in made}}, {d: tuple(sorted(ks, key=str)) for d, ks in late.items()},
+            out[n] = Task(n, after, out[n].substitute({}, key=None), *(TaskRef(a) for a in g))
+    copies: dict = defaultdict(list)
+    for (x, _), n in made.items():
+        copies[x].append(n)
+    return SecondPass(out, {k: tuple(sorted(ns, key=str)) for k, ns in copies.items()},
+                      {d: tuple(sorted(ks, key=str)) for d, ks in late.items()},
                       gates, original, {n: tuple(sorted(ds, key=str)) for n, ds in readers.items()})
 
 
@@ -220,22 +222,3 @@ def copy_name(key: Hashable, n: int) -> Hashable:
     from ..keys import original_key, recompute_key
 
     return recompute_key(original_key(key), n)
-
-
-def with_second_passes(compiled: Any, copyable: frozenset, first: int = 1 << 20) -> Any:
-    """``compiled`` as the memory plan models it with second passes on: its graph with copies of
-    the ``copyable`` keys (numbered from ``first`` + phase, apart from the run's own), and the
-    dependents to match."""
-    import dataclasses
-
-    sp = second_pass(compiled.graph, copyable.__contains__, lambda k, c: copy_name(k, first + c))
-    if not sp.original:
-        return compiled
-    dependents: dict = {k: set() for k in sp.tasks}
-    for k, t in sp.tasks.items():
-        for d in t.dependencies:
-            dependents.setdefault(d, set()).add(k)
-    for mk, t in compiled.metric_graph.items():
-        for d in t.dependencies:
-            dependents.setdefault(d, set()).add(mk)
-    return dataclasses.replace(compiled, graph=sp.tasks, dependents=dependents)

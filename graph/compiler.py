@@ -35,6 +35,7 @@ from .keys import TokenizationError, metric_key, step_key
 from .scalars import scalar_entries
 from .shipping import shippable
 from .state.metric import extract_metric
+from .tokencache import function_tokens_once
 from .spec import (
     Call,
     ChooseSpec,
@@ -438,7 +439,13 @@ def dependents_of(graph: Mapping[str, Task]) -> dict[str, set[str]]:
 
 
 def compile_spec(spec: Spec) -> CompiledPipeline:
-    """Compile the exploration ending at ``spec`` into a :class:`CompiledPipeline`."""
+    """Compile the exploration ending at ``spec`` into a :class:`CompiledPipeline` (each
+    function's Dask token computed once meanwhile: :mod:`graph.tokencache`)."""
+    with function_tokens_once():
+        return _compile_spec(spec)
+
+
+def _compile_spec(spec: Spec) -> CompiledPipeline:
     c = _Compiler()
     branches = c.branches(spec)
     if any(b.lazy is not None for b in branches):  # outputs hold their partitions (graph/collections.py)

@@ -72,12 +72,30 @@ METHODS = {
 }
 
 
+_AS_SCRIPT: dict = {}  # --as-script: the example's module, loaded once as a user's script has it
+
+
 def load_example():
     """The example module, imported as ``examples.big_table_explore`` (a namespace package under the
     repository root): the worker processes inherit this ``sys.path`` and import it by name, as
-    Dask ships module-level functions by reference."""
+    Dask ships module-level functions by reference.
+
+    With ``--as-script``, loaded instead from its file under a name no process can import, as a
+    user's ``python explore.py`` (``__main__``) or notebook has its functions: Dask and the workers
+    then ship every step function by value (cloudpickle), and tokenizing them is what a user's
+    first script pays."""
     import importlib
 
+    if "on" in _AS_SCRIPT:
+        if "module" not in _AS_SCRIPT:
+            import importlib.util
+
+            path = Path(__file__).resolve().parent.parent / "examples" / "big_table_explore.py"
+            spec = importlib.util.spec_from_file_location("big_table_explore_as_script", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # not put in sys.modules: pickled by value, as __main__'s functions
+            _AS_SCRIPT["module"] = module
+        return _AS_SCRIPT["module"]
     return importlib.import_module("examples.big_table_explore")
 
 
@@ -172,10 +190,13 @@ def run_per_branch(ex, cfg, client):
 
     configs = ex.branch_configs(cfg["alphas"], cfg["kinds"])
     scores = {}
-    with Measured(client) as m:
+    def each():
         for c in configs:
             (value,) = dask.compute(ex.branch_metric(cfg["path"], c))
             scores[c] = float(value)
+
+    with Measured(client) as m:
+        fit_unless_paused(client, each, what="one dask.compute per branch")
     return scores, m.result
 
 
@@ -183,9 +204,11 @@ def run_one_compute(ex, cfg, client):
     import dask
 
     configs = ex.branch_configs(cfg["alphas"], cfg["kinds"])
+    box = {}
     with Measured(client) as m:
-        values = dask.compute(*[ex.branch_metric(cfg["path"], c) for c in configs])
-    return {c: float(v) for c, v in zip(configs, values)}, m.result
+        fit_unless_paused(client, lambda: box.update(values=dask.compute(*[ex.branch_metric(cfg["path"], c) for c in configs])),
+                          what="one dask.compute of every branch")
+    return {c: float(v) for c, v in zip(configs, box["values"])}, m.result
 
 
 # ---------------------------------------------------------------- --churn: a lazy dask.array source
@@ -474,14 +497,18 @@ def run_dask_ml(ex, cfg, client):
 
 
 class DoesNotFit(RuntimeError):
-    """dask-ml's split did not fit a worker (recorded as "not run to the end", not a failure)."""
+    """A baseline's workers stayed paused by Dask's memory limit (recorded as "not run to the end",
+    not a failure): plain Dask waits for ever there."""
 
 
-def fit_unless_paused(client, fit, patience: float = 20.0) -> None:
+def fit_unless_paused(client, fit, patience: float = 20.0, what: str = "the split dask-ml computes onto one worker") -> None:
     """Run ``fit`` (blocking); fail instead of hanging when a worker stays paused for ``patience``
-    seconds (dask-ml computes each split onto one worker: when that does not fit beside the
-    worker's idle memory, Dask pauses the worker and the search waits for ever; the size guard
-    in ``main`` is an estimate, and idle memory differs between environments)."""
+    seconds. dask-ml computes each split onto one worker: when that does not fit beside the
+    worker's idle memory, Dask pauses the worker and the search waits for ever (the size guard
+    in ``main`` is an estimate, and idle memory differs between environments). Plain
+    ``dask.compute`` does the same when the workers' idle memory is near the pause line: seen on
+    2026-12-05 at 500,000 rows on 512 MiB workers, whose idle memory was ~316 MiB because
+    ``dask.array`` imports ``sparse`` (and with it numba, +108 MiB) wherever dask-ml installed it."""
     done, box = threading.Event(), {}
 
     def target():
@@ -500,7 +527,7 @@ def fit_unless_paused(client, fit, patience: float = 20.0) -> None:
         paused_since = (paused_since or time.monotonic()) if paused else None
         if paused_since is not None and time.monotonic() - paused_since > patience:
             raise DoesNotFit(f"{len(paused)} worker(s) paused for {patience:.0f}s by Dask's memory limit: "
-                               f"the split dask-ml computes onto one worker does not fit")
+                             f"{what} does not fit")
     if "error" in box:
         raise box["error"]
 
@@ -527,7 +554,7 @@ def config(args) -> dict:
     worker_memory = int(args.worker_memory)
     data = Path(args.data) if args.data else Path(tempfile.gettempdir()) / f"quiver-big-table-{rows}-{args.rows_per_file}"
     return {"rows": rows, "rows_per_file": args.rows_per_file, "alphas": alphas, "kinds": kinds, "workers": 2,
-            "worker_memory": worker_memory, "path": str(data), "table_bytes": ex.table_bytes(rows),
+            "worker_memory": worker_memory, "as_script": bool(_AS_SCRIPT.get("on")), "path": str(data), "table_bytes": ex.table_bytes(rows),
             "branches": len(ex.branch_configs(alphas, kinds))}
 
 
@@ -562,7 +589,9 @@ def main(argv=None) -> int:
     ap.add_argument("--alphas", default=None, help="comma-separated ridge alphas (default the example's 3)")
     ap.add_argument("--kinds", default=None, help="comma-separated feature sets (default the example's 3; --quick 2)")
     ap.add_argument("--repeats-b", type=int, default=None, help="runs of (b), the slowest (default --repeats)")
-    ap.add_argument("--worker-memory", type=parse_bytes, default=None, help="each worker's memory limit (512 MiB; --quick: 1 GiB)")
+    ap.add_argument("--worker-memory", type=parse_bytes, default=None, help="each worker's memory limit (640 MiB; --quick: 1 GiB)")
+    ap.add_argument("--as-script", action="store_true", help="the example's functions as a user's script has them "
+                    "(not importable by the workers: shipped and tokenized by value)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per method (default 3; --quick 1)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--data", default=None, help="directory of the Parquet table (default: a temp-dir cache)")
@@ -578,10 +607,14 @@ def main(argv=None) -> int:
     args.rows_per_file = args.rows_per_file or (10_000 if args.quick else 125_000)
     if args.rows_per_file < 1 or (args.rows is not None and args.rows < 1):
         ap.error("--rows and --rows-per-file must be >= 1")
-    # --quick is a smoke test of every method, not of scale: roomier workers, since an idle worker
-    # with the steps' libraries imported measured 330-370 MiB (the budget's results share of a
-    # 512 MiB worker is 358 MiB: a CI run refused Quiver's budget and paused dask-ml's workers)
-    args.worker_memory = args.worker_memory or (1024 * MiB if args.quick else 512 * MiB)
+    # an idle worker with the steps' libraries imported measured 330-370 MiB: 108 MiB of it is numba,
+    # which dask.array imports (through the sparse package) wherever dask-ml's dependencies put it.
+    # At 512 MiB (Dask pauses at 410 MiB) every method stalled on 2026-12-05, plain dask.compute for
+    # ever; 640 MiB is the churn workload's and the example's size. --quick is a smoke test of every
+    # method, not of scale: roomier workers
+    args.worker_memory = args.worker_memory or (1024 * MiB if args.quick else 640 * MiB)
+    if args.as_script:
+        _AS_SCRIPT["on"] = True
     repeats = args.repeats or (1 if args.quick else 3)
     repeats_b = min(repeats, args.repeats_b or repeats)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

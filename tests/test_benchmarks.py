@@ -116,6 +116,19 @@ def test_collections_explore_quick(tmp_path):
         assert len(data["scores"]["dask_ml"]) == 2 * len(data["scores"]["quiver"]) // 3
 
 
+def test_collections_explore_as_a_script_ships_the_functions_by_value(tmp_path):
+    """--as-script: the example's functions live in a module no worker can import (as a user's
+    ``python explore.py`` has them), so the run works only if they travel by value; Quiver and one
+    dask.compute still agree on every branch."""
+    out = tmp_path / "script.json"
+    proc = run("collections_explore.py", "--quick", "--as-script", "--methods", "quiver,one_compute", "--output", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["config"]["as_script"] is True
+    assert all(data["methods"][m]["error"] is None for m in ("quiver", "one_compute"))
+    assert data["score_check"]["agree"]
+
+
 def test_collections_explore_churn_quick(tmp_path):
     """--churn (issue 24 point 0) at a tiny size: Quiver under a budget and one dask.compute agree on
     every branch's validation MSE, and each run records its disk bytes and their causes from the

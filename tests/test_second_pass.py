@@ -207,11 +207,11 @@ def _centre_then_score(x, scale):
 
 
 def test_a_budgeted_run_whose_data_do_not_fit_computes_the_second_pass_again_with_the_same_results():
-    """A real cluster: with a budget whose first plan evicts (300 chunks, unmeasured before the
-    run: the plan's 1 MiB default each, against ~180 MiB per worker for results), the centring's
-    chunks are computed again after the mean instead of held, and every branch scores as in a
-    run without a budget."""
-    node = (Pipeline("centre").source(lazy(_array), n=300)
+    """A real cluster: with a budget whose first plan evicts (300 chunks hinted at 2 MiB each, over
+    their own 8 KB, against ~180 MiB per worker for results: a user's hint is taken over what the
+    array's chunks say), the centring's chunks are computed again after the mean instead of held,
+    and every branch scores as in a run without a budget."""
+    node = (Pipeline("centre").source(lazy(_array), n=300).size_hint("2 MiB")
             .explore("f", grid(_centre_then_score, scale=[1.0, 2.0, 3.0])).choose("score", mode="min"))
     budgeted = node.run(workers=2, memory_budget="1 GiB", quiet=True, progress=False)
     plain = node.run(workers=2, quiet=True, progress=False)
@@ -220,6 +220,28 @@ def test_a_budgeted_run_whose_data_do_not_fit_computes_the_second_pass_again_wit
     assert budgeted.stats["executed_tasks"] > plain.stats["executed_tasks"]  # the copies ran
     assert budgeted.table["score"].tolist() == pytest.approx(plain.table["score"].tolist(), rel=1e-12)
     assert budgeted.table["score"].tolist() == pytest.approx([_expected(300 * 1000, s) for s in (1.0, 2.0, 3.0)], rel=1e-9)
+
+
+def test_an_arrays_chunks_are_sized_when_it_compiles_and_a_hint_wins():
+    """The first plan need not guess a ``dask.array``'s partitions: each step's output chunks are
+    hinted with their exact bytes (shape x itemsize) when the exploration compiles; a user's
+    ``size_hint`` replaces them, and what the array does not know (inside a step) stays unhinted."""
+    node = (Pipeline("centre").source(lazy(_array), n=3, size=500)
+            .explore("f", grid(_scaled, scale=[1.0, 2.0])))
+    c = node.compile()
+    by_step = {}
+    for k, n in c.size_hints.items():
+        if isinstance(k, tuple):  # partitions
+            by_step.setdefault(k[0].split("-")[0], set()).add(n)
+    assert by_step["arange"] == by_step["mul"] == {4000}, by_step  # 500 float64 per chunk
+    assert sum(1 for k in c.size_hints if isinstance(k, tuple) and k[0].startswith("mul")) == 6  # 3 chunks x 2
+    hinted = (Pipeline("centre").source(lazy(_array), n=3, size=500).size_hint("1 MiB")
+              .explore("f", grid(_scaled, scale=[1.0]))).compile()
+    assert {n for k, n in hinted.size_hints.items() if k[0].startswith("arange")} == {2**20}
+
+
+def _scaled(x, scale):
+    return x * scale
 
 
 def _expected(n, scale):

@@ -49,7 +49,12 @@ def _memoized(fn: Any) -> Any:
     hit = _memo.get(id(fn))
     if hit is not None and hit[0] is fn:
         return hit[1]
-    out = _normalise(fn)  # type: ignore[misc]
+    normalise = _normalise
+    if normalise is None:  # closed meanwhile (another thread dispatched here just before): Dask's own
+        from dask.tokenize import normalize_object
+
+        return normalize_object(fn)
+    out = normalise(fn)
     _memo[id(fn)] = (fn, out)
     return out
 
@@ -61,6 +66,7 @@ def function_tokens_once() -> Iterator[None]:
     lookup = normalize_token._lookup
     with _lock:
         if _open == 0:
+            _memo.clear()  # a token another thread stored as the last compile closed is not reused
             _had_own = types.FunctionType in lookup
             _own = lookup.get(types.FunctionType)
             _normalise = normalize_token.dispatch(types.FunctionType)  # Dask's (or a user's) normaliser

@@ -189,3 +189,23 @@ def test_a_budgeted_run_on_data_that_fits_applies_no_spill_settings(tmp_path):
         assert r2.memory_plan.evicts is True and r2.stats["memory_plan_installed"] is True
         planned = [v for v in r2.value if v["planned"]]
         assert planned and all(v["target"] < int(limit * dask_thresholds().target) for v in planned)
+
+def _import_pandas():
+    import pandas  # noqa: F401
+
+
+def test_a_budget_with_no_room_for_results_names_what_the_idle_workers_imported():
+    """The refusal says why an idle worker is large: the heavy libraries its process has imported
+    (here pandas, imported before the run), with why one may be there unasked (numba through
+    sparse), read from the workers themselves."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=1024 * MiB,
+                      dashboard_address=":0") as lc, Client(lc) as c:
+        c.run(_import_pandas)
+        node = Pipeline("tiny").source(big, n_bytes=MiB)
+        with pytest.raises(PipelineError) as err:
+            node.run(c, memory_budget="200 MiB", quiet=True, progress=False)
+    msg = str(err.value)
+    assert "leaves no room for results" in msg and "Raise memory_budget or use fewer workers." in msg
+    assert "The idle workers had imported" in msg and "pandas" in msg.split("The idle workers had imported")[1]

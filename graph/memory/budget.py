@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import PipelineError, RunError
-from .limits import dask_thresholds, data_share, worker_limits
-from .plan import DEFAULT_DISK_BANDWIDTH, MemoryPlan, plan_memory
+from .limits import HEAVY_LIBRARIES, dask_thresholds, data_share, idle_memory_note, worker_limits
+from .plan import DEFAULT_DISK_BANDWIDTH, MemoryPlan, NoRoomForResults, plan_memory
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 from .working import blame_killed, by_step, killed_message
@@ -114,6 +114,13 @@ def _import_modules(modules: list) -> list:
         except Exception as exc:  # recorded: a module only the client has, or a relative import: not ours to fix here
             logger.debug("quiver: %s not imported on the worker: %s", m, exc)
     return done
+
+
+def _imported_libraries() -> list[str]:
+    """On a worker: the heavy libraries it has imported (:data:`graph.memory.limits.HEAVY_LIBRARIES`)."""
+    import sys
+
+    return sorted(m for m in HEAVY_LIBRARIES if m in sys.modules)
 
 
 def measure_baseline(
@@ -298,11 +305,15 @@ class BudgetedRun:
         # before anything ran, a step hinted too big is a definition error; after the sampling
         # pass, a measured one is the guard's to report (it stops the run with a RunError)
         try:
-            plan = self._plan({}, strict=not self.sample)
-        except PipelineError:  # refused on the first (highest) reading: re-read the idle memory once, then judge
-            if not self._settle():
-                raise
-            plan = self._plan({}, strict=not self.sample)
+            try:
+                plan = self._plan({}, strict=not self.sample)
+            except PipelineError:  # refused on the first (highest) reading: re-read the idle memory once, then judge
+                if not self._settle():
+                    raise
+                plan = self._plan({}, strict=not self.sample)
+        except NoRoomForResults as exc:  # say what the idle workers hold (a library no step needs, maybe)
+            note = self._idle_libraries()
+            raise NoRoomForResults(f"{exc} {note}" if note else str(exc)) from None
         plan = self._second_passes_if_evicting(plan, {}, strict=not self.sample)
         if plan.evicts:
             plan = self._prepare_eviction(plan, {}, strict=not self.sample)
@@ -339,6 +350,15 @@ class BudgetedRun:
             return plan
         self.second_passes = True
         return self._plan(decided, strict=strict) if self.copyable else plan
+
+    def _idle_libraries(self) -> str:
+        """:func:`graph.memory.limits.idle_memory_note` for the modules the workers have imported."""
+        try:
+            loaded = self.client.run(_imported_libraries)
+        except Exception as exc:  # recorded: the error is still clear without the note
+            logger.debug("quiver: workers' libraries not read: %s", exc)
+            return ""
+        return idle_memory_note(set().union(*loaded.values()) if loaded else ())
 
     def _measure_working(self) -> None:
         """Put the working-memory meter on the workers (graph.memory.workmeter): each task's

@@ -25,7 +25,32 @@ from typing import Any
 
 from .sizes import parse_bytes
 
-__all__ = ["Thresholds", "dask_thresholds", "data_share", "worker_limits"]
+__all__ = ["HEAVY_LIBRARIES", "Thresholds", "dask_thresholds", "data_share", "idle_memory_note", "worker_limits"]
+
+#: libraries that make an idle worker large once imported, and how one may be there unasked
+HEAVY_LIBRARIES: dict[str, str] = {
+    "torch": "", "tensorflow": "", "jax": "", "cupy": "", "sklearn": "", "scipy": "", "pandas": "",
+    "pyarrow": "", "polars": "", "xgboost": "", "lightgbm": "",
+    "numba": "dask.array imports it through the sparse package wherever that is installed (dask-ml's "
+             "dask-glm depends on it), about 110 MiB a worker",
+}
+
+
+def idle_memory_note(loaded: Any) -> str:
+    """What the idle workers had imported, for the error that finds no room for results: the
+    libraries of :data:`HEAVY_LIBRARIES` among ``loaded`` (module names), with why a library may be
+    there that no step asked for.
+
+    >>> print(idle_memory_note(["pandas", "numba", "json"]))  # doctest: +ELLIPSIS
+    The idle workers had imported numba, pandas (numba: dask.array imports it through the sparse package...).
+    >>> idle_memory_note(["json"])
+    ''
+    """
+    heavy = sorted({m.split(".")[0] for m in loaded} & HEAVY_LIBRARIES.keys())
+    if not heavy:
+        return ""
+    why = "; ".join(f"{m}: {HEAVY_LIBRARIES[m]}" for m in heavy if HEAVY_LIBRARIES[m])
+    return f"The idle workers had imported {', '.join(heavy)}" + (f" ({why})." if why else ".")
 
 _NAMES = ("target", "spill", "pause", "terminate")
 

@@ -40,6 +40,7 @@ from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
 
 __all__ = [
+    "NoRoomForResults",
     "Decision",
     "MemoryPlan",
     "execution_order",
@@ -330,13 +331,18 @@ def plan_memory(
     return plan
 
 
+class NoRoomForResults(PipelineError):
+    """The budget leaves a worker no room for results beside its idle memory (a definition error:
+    raised before anything runs)."""
+
+
 def _room_for_results(budget: int, workers: int, baseline: int, thresholds: Thresholds) -> int:
     """One worker's bytes for results (:func:`graph.memory.limits.data_share`); refused when none."""
     worker_data = data_share(budget, workers=workers, baseline=baseline, thresholds=thresholds)
     if worker_data <= 0:
         per_worker = worker_limits(budget, workers)
         frac = thresholds.results_fraction
-        raise PipelineError(
+        raise NoRoomForResults(
             f"memory budget {format_bytes(budget)} over {workers} worker(s) leaves no room for results: "
             f"each worker gets {format_bytes(per_worker)}, of which {format_bytes(int(per_worker * frac))} "
             f"({frac:.0%}) before Dask starts spilling, and an idle worker already uses about {format_bytes(baseline)}. "

@@ -214,6 +214,48 @@ def test_shared_partitions_run_once_and_match_plain_dask(files, client, tmp_path
     assert r.value["mse"] == pytest.approx(best["mse"])
 
 
+class _KeysRun:
+    """A scheduler plugin: every key that reached memory (what a run really computed)."""
+
+    name = "test-keys-run"
+
+    def __init__(self):
+        self.keys = set()
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish == "memory":
+            self.keys.add(key)
+
+
+def _keys_run(dask_scheduler):
+    return sorted(map(str, dask_scheduler.plugins["test-keys-run"].keys))
+
+
+def _keys_forget(dask_scheduler):
+    dask_scheduler.plugins["test-keys-run"].keys.clear()
+
+
+def test_a_budgeted_run_on_data_that_fits_submits_the_same_tasks_as_without_one(files, client):
+    """Issue 24: a budget whose plan holds every result changes nothing the run computes (no copy,
+    no recomputation, not one task more or less), and finds the same scores."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    client.register_plugin(type("KeysRun", (_KeysRun, SchedulerPlugin), {})())
+    seen = {}
+    try:
+        for budget in (None, "2 GiB"):
+            client.run_on_scheduler(_keys_forget)
+            r = exploration(files).run(client, memory_budget=budget, quiet=True, progress=False)
+            seen[budget] = (client.run_on_scheduler(_keys_run), r)
+    finally:
+        client.unregister_scheduler_plugin(_KeysRun.name)
+    (plain_keys, plain), (budget_keys, budgeted) = seen[None], seen["2 GiB"]
+    assert budgeted.memory_plan is not None and budgeted.memory_plan.evicts is False
+    assert budgeted.stats["second_pass_copies"] == 0 and budgeted.stats.get("recomputed_tasks", 0) == 0
+    assert budget_keys == plain_keys and len(plain_keys) >= plain.stats["unique_tasks"]
+    assert budgeted.table["mse"].tolist() == plain.table["mse"].tolist()
+
+
 def test_a_kept_collection_stays_distributed(files, client):
     node = Pipeline("keep").source(cs.table, files=files).explore(
         "clean", *[grid(cs.clean, method=[m]) for m in ("drop", "zero")])

@@ -6,9 +6,11 @@ from __future__ import annotations
 def probe(seed: int) -> dict:
     """The allocator and thread settings this task's process runs with (a 1 MiB allocation's
     path measured with glibc's counters), and ``m`` for a choose."""
+    import pyarrow
+
     from graph.workerenv import probe_environment
 
-    return dict(probe_environment(), m=float(seed))
+    return dict(probe_environment(), m=float(seed), arrow_pool=pyarrow.default_memory_pool().backend_name)
 
 
 def profiler(seed: int) -> dict:

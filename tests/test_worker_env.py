@@ -36,6 +36,23 @@ def test_a_memory_budget_keeps_dasks_allocator_setting():
     seen = _run(memory_budget="1200 MiB")
     assert seen["MALLOC_MMAP_THRESHOLD_"] == str(DASK_MMAP_THRESHOLD)
     assert seen["mmapped"] is True  # memory returned to the system first, as the budget wants
+    assert seen["arrow_pool"] == "system"  # pyarrow's freed buffers too (its own pool keeps them)
+
+
+def test_without_a_budget_pyarrow_keeps_its_own_pool_and_a_users_choice_wins(monkeypatch):
+    assert _run()["arrow_pool"] != "system"
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc" if _has_jemalloc() else "mimalloc")
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in embedded_environ(memory_budget="1 GiB")
+
+
+def _has_jemalloc() -> bool:
+    import pyarrow
+
+    try:
+        pyarrow.jemalloc_memory_pool()
+    except NotImplementedError:
+        return False
+    return True
 
 
 def test_the_config_turns_it_off():

@@ -42,7 +42,7 @@ workers that join later).
 >>> embedded_environ(memory_budget=None)
 {'MALLOC_MMAP_THRESHOLD_': '33554432'}
 >>> embedded_environ(memory_budget="1 GiB")
-{'MALLOC_MMAP_THRESHOLD_': '131072', 'ARROW_DEFAULT_MEMORY_POOL': 'system'}
+{'MALLOC_MMAP_THRESHOLD_': '131072'}
 >>> embedded_config()
 {'distributed.worker.profile.interval': '100ms'}
 """
@@ -57,7 +57,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
-    "ARROW_POOL",
     "DASK_MMAP_THRESHOLD",
     "PROFILE_INTERVAL",
     "WorkerProfiler",
@@ -82,11 +81,6 @@ DASK_MMAP_THRESHOLD = 128 * 1024
 PROFILE_INTERVAL = "100ms"
 _DASK_PROFILE_INTERVAL = "10ms"
 _PROFILE_CONFIG = "quiver.worker.profile-interval"
-
-#: under a memory budget: pyarrow's buffers (Parquet reads) from the system allocator, whose freed
-#: memory goes back with the rest (pyarrow's default, mimalloc, kept 40-55 MiB of a process that read
-#: 200 of big_table_explore's 5 MiB Parquet files, the system pool 6 MiB; a 640 MiB worker pauses at 512)
-ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _ENV = "MALLOC_MMAP_THRESHOLD_"
@@ -118,16 +112,11 @@ def embedded_environ(memory_budget: Any = None) -> dict[str, str]:
     ``pre-spawn-environ``, added to Dask's own).  Under a memory budget, where memory returned
     to the system matters more than allocation speed, the threshold Dask's setting gives, said
     explicitly so that nothing inherited from this process's environment changes it (Dask's
-    nanny writes its variables into the starting process's ``os.environ``), and pyarrow's
-    buffers from the system allocator (:data:`ARROW_POOL`) unless this process's environment
-    names a pool itself."""
+    nanny writes its variables into the starting process's ``os.environ``)."""
     nbytes = mmap_threshold()
     if memory_budget is not None or not nbytes:
         nbytes = DASK_MMAP_THRESHOLD
-    out = {_ENV: str(nbytes)}
-    if memory_budget is not None and not os.environ.get(ARROW_POOL[0]):
-        out[ARROW_POOL[0]] = ARROW_POOL[1]
-    return out
+    return {_ENV: str(nbytes)}
 
 
 def profile_interval() -> str | None:

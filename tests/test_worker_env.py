@@ -39,20 +39,18 @@ def test_a_memory_budget_keeps_dasks_allocator_setting():
     assert seen["arrow_pool"] == "system"  # pyarrow's freed buffers too (its own pool keeps them)
 
 
-def test_without_a_budget_pyarrow_keeps_its_own_pool_and_a_users_choice_wins(monkeypatch):
+def test_pyarrow_keeps_its_own_pool_without_a_budget_and_gets_it_back_after_one():
+    from graph.memory.workmeter import WorkingMemoryPlugin
+
     assert _run()["arrow_pool"] != "system"
-    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc" if _has_jemalloc() else "mimalloc")
-    assert "ARROW_DEFAULT_MEMORY_POOL" not in embedded_environ(memory_budget="1 GiB")
-
-
-def _has_jemalloc() -> bool:
-    import pyarrow
-
-    try:
-        pyarrow.jemalloc_memory_pool()
-    except NotImplementedError:
-        return False
-    return True
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc) as c:
+        own = c.submit(probe, 1, pure=False).result()["arrow_pool"]
+        c.register_plugin(WorkingMemoryPlugin("test-working"))  # what a budgeted run installs
+        during = c.submit(probe, 2, pure=False).result()["arrow_pool"]
+        c.unregister_worker_plugin("test-working")  # the run's end
+        after = c.submit(probe, 3, pure=False).result()["arrow_pool"]
+    assert own != "system" and during == "system" and after == own
 
 
 def test_the_config_turns_it_off():

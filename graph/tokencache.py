@@ -41,8 +41,7 @@ _lock = threading.Lock()
 _open = 0  # contexts open (nested compiles and threads share one memo)
 _memo: dict[int, tuple[Any, Any]] = {}  # id(function) -> (the function, its normalised token)
 _normalise: Callable[[Any], Any] | None = None  # Dask's normaliser for functions, wrapped by _memoized
-_had_own = False  # whether Dask's dispatch table held an entry for FunctionType before (restored as found)
-_own: Any = None
+_own: Any = None  # Dask's dispatch table's entry for FunctionType before (None: none), restored as found
 
 
 def _memoized(fn: Any) -> Any:
@@ -62,12 +61,11 @@ def _memoized(fn: Any) -> Any:
 @contextmanager
 def function_tokens_once() -> Iterator[None]:
     """While open, each plain function's token is computed once (see the module docstring)."""
-    global _open, _normalise, _had_own, _own
+    global _open, _normalise, _own
     lookup = normalize_token._lookup
     with _lock:
         if _open == 0:
             _memo.clear()  # a token another thread stored as the last compile closed is not reused
-            _had_own = types.FunctionType in lookup
             _own = lookup.get(types.FunctionType)
             _normalise = normalize_token.dispatch(types.FunctionType)  # Dask's (or a user's) normaliser
             lookup[types.FunctionType] = _memoized
@@ -78,9 +76,9 @@ def function_tokens_once() -> Iterator[None]:
         with _lock:
             _open -= 1
             if _open == 0:
-                if _had_own:
-                    lookup[types.FunctionType] = _own
-                else:
+                if _own is None:
                     lookup.pop(types.FunctionType, None)
+                else:
+                    lookup[types.FunctionType] = _own
                 _memo.clear()
                 _normalise = _own = None

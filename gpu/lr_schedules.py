@@ -57,6 +57,6 @@ def factor(schedule: Schedule, step: int, total: int) -> float:
     if schedule == "exponential":
         return 0.05 ** p
     if schedule == "ramp":
-        return 0.1 + 0.9 * (step + 1) / total
+        return 0.1 + 0.9 * ((step + 1) / total)  # the fraction first: exactly 1 at the last step (0.9 * 2658 / 2658 is not 0.9)
     check(schedule)
     raise AssertionError("unreachable")  # pragma: no cover

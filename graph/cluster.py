@@ -93,6 +93,7 @@ def connect(
     memory_budget: Any = None,
     info: dict | None = None,
     preload: tuple[str, ...] | list[str] = (),
+    bridge: bool = False,
 ) -> Iterator[Client]:
     """Yield a ``distributed.Client``.
 
@@ -112,11 +113,17 @@ def connect(
     is spilled first.
 
     ``info`` (optional dict) is filled with ``cluster``: ``"given"``, ``"connected"``,
-    ``"started"`` or ``"reused"``, and ``start_method`` for a started one.
+    ``"started"`` or ``"reused"``, ``start_method`` for a started one, and ``bridge``: ``True``
+    when a started one began with this process as its worker.
 
     ``preload``: modules the run's steps need (:func:`graph.warmup.step_modules`); a new
     embedded cluster's workers are forked from a process that imported them
     (:mod:`graph.workerstart`).
+
+    ``bridge``: the run is one of plain steps (:func:`graph.bridge.eligible`); a new embedded
+    cluster without a budget is yielded as soon as its scheduler is up, with this process as
+    its worker until its own have started (:mod:`graph.bridge`; dask config
+    ``quiver.embedded-cluster.bridge: false`` turns it off).
     """
     info = {} if info is None else info
     if isinstance(client, Client):
@@ -153,8 +160,16 @@ def connect(
         kwargs["memory_limit"] = memory_limit
     from . import embedded
 
+    # a kept cluster whose workers are still starting (graph.bridge) first finishes its start:
+    # until then this process's config and environment hold the start's settings for its nannies
+    embedded.settle_kept()
+    if bridge and memory_budget is None:
+        from .bridge import enabled
+
+        bridge = enabled()
+
     def start() -> tuple[Any, Any]:
-        cluster, c = _start_embedded(kwargs, memory_budget, preload, info)
+        cluster, c = _start_embedded(kwargs, memory_budget, preload, info, bridge=bridge and memory_budget is None)
         return cluster, c
 
     if memory_budget is not None:  # never kept: its workers carry one run's planned spill settings
@@ -183,12 +198,73 @@ def connect(
         finally:
             embedded.release(c, ok)  # kept for the next run, or closed after a failure
         return
-    with workers_skip_main(), _closing_after_errors(cluster), _closing_after_errors(c):
+    with workers_skip_main(), _closing_after_errors(cluster), _settling(cluster), _closing_after_errors(c):
         yield c
 
 
-def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | None = None) -> tuple[Any, Any]:
-    """A new embedded cluster and its client, with Quiver's dashboard pages and log digest."""
+@contextlib.contextmanager
+def _settling(cluster: Any) -> Iterator[None]:
+    """On the way out, wait for ``cluster``'s workers' start and bridge (:mod:`graph.bridge`)."""
+    from .bridge import settle
+
+    try:
+        yield
+    finally:
+        settle(cluster)
+
+
+def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | None = None,
+                    bridge: bool = False) -> tuple[Any, Any]:
+    """A new embedded cluster and its client, with Quiver's dashboard pages and log digest.
+    ``bridge``: return as soon as the scheduler is up, with the user's process as a worker
+    until the cluster's own have started (:mod:`graph.bridge`)."""
+    if bridge:
+        from .bridge import Bridge
+
+        helper = Bridge(kwargs["n_workers"])
+        cluster = helper.begin(lambda hand: _started(kwargs, memory_budget, preload, info, hand))
+        if info is not None:
+            info["bridge"] = True
+    else:
+        helper, cluster = None, _started(kwargs, memory_budget, preload, info)
+    try:
+        if helper is None:
+            c = Client(cluster)
+        else:  # ``Client(cluster)`` would wait for the workers (it awaits the cluster's start)
+            c = Client(cluster.scheduler_address, loop=cluster.loop, security=cluster.security)
+            c.cluster = cluster
+    except BaseException:  # re-raised: the cluster without a client is closed first
+        _close_started(cluster)
+        raise
+    try:
+        if helper is not None:
+            helper.attach()
+        from .dashboard import ensure_dashboard
+
+        ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
+        from .logdigest import ErrorDigestPlugin
+
+        c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
+    except BaseException:  # re-raised: a cluster whose set-up failed is closed first
+        c.close()
+        _close_started(cluster)
+        raise
+    return cluster, c
+
+
+def _close_started(cluster: Any) -> None:
+    """Close a cluster this process started, once its workers' start (and bridge) ended."""
+    from .bridge import settle
+
+    settle(cluster)
+    cluster.close()
+
+
+def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | None = None,
+             hand: Any = None) -> Any:
+    """A new embedded ``LocalCluster`` with its workers started (forked or spawned,
+    :mod:`graph.workerstart`).  ``hand``: called with the cluster as soon as its scheduler is
+    up, before its workers start (the bridge's start, in a thread of its own)."""
     import dask
 
     from .workerenv import embedded_config, embedded_environ, environ_restored
@@ -210,38 +286,58 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
         # Quiver's prepared process only when that process started with the same
         needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))
                   for k in sorted(variables)}
+        made: list = []
 
         def make(method: str) -> Any:
+            options = dict(kwargs)
             if method == "forkserver":
                 # a fork keeps its server's environment: the rest of this process's (what a
                 # spawned worker would inherit) is set in each worker as it starts
-                return LocalCluster(**dict(kwargs, env={k: v for k, v in os.environ.items() if k not in variables}))
-            return LocalCluster(**kwargs)
+                options["env"] = {k: v for k, v in os.environ.items() if k not in variables}
+            if info is not None:
+                info["start_method"] = method
+            if hand is None:
+                return LocalCluster(**options)
+            # the scheduler first, handed over at once; then the workers, waited for here
+            if not made:
+                if "memory_limit" not in options:  # what LocalCluster gives n workers, not 0
+                    from distributed.worker_memory import parse_memory_limit
+
+                    options["memory_limit"] = parse_memory_limit("auto", 1, kwargs["n_workers"])
+                made.append(LocalCluster(**dict(options, n_workers=0)))
+                hand(made[0])
+                import_table_library()  # here, not before the scheduler: the run starts first
+            cluster = made[0]
+            if cluster.workers:  # a failed start with forks: its workers go before a spawned start
+                cluster.scale(0)
+                cluster.sync(_workers_gone, cluster)
+            cluster.scale(kwargs["n_workers"])
+            cluster.sync(_workers_in, cluster, kwargs["n_workers"])
+            return cluster
 
         from .table import import_table_library
 
         # the run's table needs pandas at its end: imported while the workers' server imports
         cluster, method = start_workers(make, needed, preload, budgeted=memory_budget is not None,
-                                        meanwhile=import_table_library)
+                                        meanwhile=import_table_library if hand is None else None)
         if info is not None:
             info["start_method"] = method
-        try:
-            c = Client(cluster)
-        except BaseException:  # re-raised: the cluster without a client is closed first
-            cluster.close()
-            raise
-    try:
-        from .dashboard import ensure_dashboard
+    return cluster
 
-        ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
-        from .logdigest import ErrorDigestPlugin
 
-        c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
-    except BaseException:  # re-raised: a cluster whose set-up failed is closed first
-        c.close()
-        cluster.close()
-        raise
-    return cluster, c
+async def _workers_in(cluster: Any, n: int) -> None:
+    """Wait until ``cluster``'s own ``n`` workers (its spec's) have started and registered."""
+    import asyncio
+
+    from .bridge import NAME
+
+    await cluster._correct_state()
+    while sum(ws.name != NAME for ws in cluster.scheduler.workers.values()) < n:
+        await asyncio.sleep(0.005)
+
+
+async def _workers_gone(cluster: Any) -> None:
+    await cluster._correct_state()
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["acquire", "close_kept", "idle_timeout", "kept", "on_close", "release"]
+__all__ = ["acquire", "close_kept", "idle_timeout", "kept", "on_close", "release", "settle_kept"]
 
 _CONFIG = "quiver.embedded-cluster.idle-timeout"
 _lock = threading.RLock()
@@ -58,8 +58,29 @@ def kept() -> Any:
         return _kept.get("client")
 
 
+def settle_kept() -> None:
+    """Wait until the kept cluster, if any, has finished starting (graph.bridge)."""
+    with _lock:
+        cluster = _kept.get("cluster")
+    if cluster is not None:
+        from .bridge import settle
+
+        settle(cluster)
+
+
+def _settled(entry: dict) -> bool:
+    """Wait for a cluster started with a bridge (graph.bridge) to have its own workers and
+    no bridge: a kept cluster is handed on without it."""
+    from .bridge import settle
+
+    settle(entry["cluster"])
+    return True
+
+
 def _healthy(entry: dict) -> bool:
     cluster, client = entry["cluster"], entry["client"]
+    if getattr(getattr(cluster, "_quiver_bridge", None), "error", None) is not None:
+        return False  # its workers never started (graph.bridge): it ran on the user's process alone
     try:
         return (client.status == "running" and str(cluster.status.name) == "running"
                 and len(cluster.scheduler_info.get("workers", {})) >= len(cluster.worker_spec))
@@ -78,7 +99,7 @@ def acquire(spec: Hashable, start: Callable[[], tuple[Any, Any]]) -> tuple[Any, 
         if entry:
             if entry["busy"]:
                 keep = False  # another thread's run holds it: this run gets its own, not kept
-            elif entry["spec"] == spec and _healthy(entry):
+            elif entry["spec"] == spec and _settled(entry) and _healthy(entry):
                 _cancel_timer()
                 _kept["busy"] = True
                 return entry["cluster"], entry["client"], True, True
@@ -152,6 +173,7 @@ def _take() -> dict:
 
 
 def _close(entry: dict) -> None:
+    _settled(entry)  # a start still under way ends before the cluster closes
     for part in ("client", "cluster"):
         try:
             entry[part].close()

@@ -50,6 +50,7 @@ def run_node(
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}
     modules = step_modules(compiled)  # what the steps import: preloaded by new workers, then warmed up
+    bridge = client is None and memory_budget is None and _bridged(compiled, modules)
     with contextlib.ExitStack() as stack:
         clock = time.perf_counter()
         c = stack.enter_context(connect(
@@ -61,6 +62,7 @@ def run_node(
             quiet=quiet,
             info=cluster_info,
             preload=modules if client is None else (),
+            bridge=bridge,
         ))
         cluster_seconds = time.perf_counter() - clock
         from graph.breakdown import Collector
@@ -119,6 +121,7 @@ def run_node(
     record.stats["cluster"] = cluster_info.get("cluster")
     record.stats["worker_start"] = cluster_info.get("start_method")  # "forkserver" or "spawn"; None when not started here
     record.stats["cluster_seconds"] = cluster_seconds
+    record.stats["bridge"] = bool(cluster_info.get("bridge"))  # began in this process (graph/bridge.py)
     _packing_stats(record.stats, compiled, takeovers)
     record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
@@ -132,6 +135,15 @@ def run_node(
         client=c if distributed else None,
         _close=close,
     )
+
+
+def _bridged(compiled: Any, modules: list[str]) -> bool:
+    """A run of plain steps may start on this process while a new cluster's workers start
+    (graph/bridge.py)."""
+    from graph.bridge import eligible
+
+    collections = bool(compiled.step_of) or any(b.parts for b in compiled.branches)
+    return eligible(compiled.graph, collections=collections, modules=modules)
 
 
 def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, threads_per_worker: int) -> Any:

@@ -16,6 +16,14 @@ from tests.env_steps import probe
 pytestmark = pytest.mark.skipif(probe_environment()["mmapped"] is None, reason="needs glibc's mallinfo2")
 
 
+@pytest.fixture(autouse=True)
+def _workers_only():
+    # the workers' environment: a new cluster's first tasks may otherwise run in this process,
+    # whose environment is its own (graph.bridge; its own test: tests/test_bridge.py)
+    with dask.config.set({"quiver.embedded-cluster.bridge": False}):
+        yield
+
+
 def _run(**options) -> dict:
     p = Pipeline("env")
     return p.source(probe, seed=1).run(quiet=True, progress=False, workers=1, **options).value

@@ -1,0 +1,198 @@
+"""The user's process computes while a new embedded cluster's workers start: the bridge.
+
+On two cores a new embedded cluster's scheduler is up ~0.4 s after the call, but its workers
+come ~1.5 s after it (the fork server imports ``distributed`` and the steps' libraries on one
+core, :mod:`graph.workerstart`), while the other core waits.  The user's process has the
+steps' libraries imported already: it built the steps.  So for a run of plain steps Quiver
+adds one in-process worker thread, *the bridge*, to a new embedded cluster as soon as its
+scheduler is up, starts the run on it, and retires it once the cluster's own workers have
+registered:
+
+1. the bridge's status goes to Dask's ``closing_gracefully`` (the scheduler gives it no more
+   tasks; those queued on it, not started, go to the workers);
+2. the task it is running finishes and the scheduler hears of its result;
+3. Dask's ``Scheduler.retire_workers`` copies what only the bridge holds to a worker and closes
+   it.
+
+No task runs twice (a started task is never handed elsewhere), and a kept cluster
+(:mod:`graph.embedded`) never has the bridge: reusing or closing one first waits for its
+retirement (:func:`settle`).
+
+What a task run on the bridge sees is the user's process: its allocator and thread settings,
+not the workers' (:mod:`graph.workerenv`), and a step that crashes the interpreter takes the
+user's process with it.  So only runs of plain steps get a bridge (:func:`eligible`: no
+iterative or training steps, no Dask collections, no memory budget), and dask config
+``quiver.embedded-cluster.bridge: false`` turns it off.
+
+>>> from dask.task_spec import Task
+>>> eligible({"a": Task("a", len, [1])}, collections=False, modules=["sklearn.svm._classes"])
+True
+>>> eligible({"a": Task("a", len, [1])}, collections=False, modules=["torch.nn.modules.linear"])
+False
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["Bridge", "eligible", "enabled", "settle"]
+
+logger = logging.getLogger(__name__)
+
+_CONFIG = "quiver.embedded-cluster.bridge"
+NAME = "quiver-bridge"
+#: libraries whose steps keep state per process or hold the GIL for long (training): never bridged
+_NOT_BRIDGED = ("torch", "gpu", "tensorflow", "jax", "cupy")
+
+
+def enabled() -> bool:
+    """dask config ``quiver.embedded-cluster.bridge`` (default ``True``)."""
+    import dask
+
+    value = dask.config.get(_CONFIG, default=True)
+    if not isinstance(value, bool):
+        raise ValueError(f"dask config {_CONFIG!r} = {value!r}: give true (the user's process computes while a "
+                         f"new embedded cluster's workers start) or false")
+    return value
+
+
+def eligible(graph: Mapping[str, Any], collections: bool, modules: Iterable[str]) -> bool:
+    """Whether a run of the compiled ``graph`` may start on the bridge: only plain steps (no
+    iterative step, which reports and waits at rungs from its worker), no Dask collections
+    (partitions may be large: they would land in the user's process) and no training
+    libraries among the steps' ``modules``."""
+    from .iterative import Iterative
+
+    if collections:
+        return False
+    if any(str(m).split(".")[0] in _NOT_BRIDGED for m in modules):
+        return False
+    return not any(isinstance(getattr(task, "func", None), Iterative) for task in graph.values())
+
+
+class Bridge:
+    """One new embedded cluster's bridge: the cluster's start runs in a thread of its own
+    (:meth:`begin`), the caller gets the cluster as soon as its scheduler is up, adds the
+    bridge worker (:meth:`attach`), and the thread retires it once the workers are in."""
+
+    def __init__(self, n_workers: int, timeout: float = 120.0):
+        self.n_workers = n_workers
+        self.timeout = timeout
+        self.cluster: Any = None
+        self.worker: Any = None
+        self.error: BaseException | None = None
+        self.retired = False
+        self._handed = threading.Event()
+        self._attached = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at = time.perf_counter()
+        self.workers_at: float | None = None  # perf_counter when the workers were all in
+        self.retired_at: float | None = None
+
+    # -- the start, in its own thread ------------------------------------------------------
+    def begin(self, start: Callable[[Callable[[Any], None]], Any]) -> Any:
+        """Run ``start(hand)`` in a thread; ``start`` calls ``hand(cluster)`` once the
+        cluster's scheduler is up and then waits for its workers.  Returns that cluster (or
+        raises ``start``'s error when it failed before handing one)."""
+        def run() -> None:
+            try:
+                start(self._hand)
+                self.workers_at = time.perf_counter()
+            except BaseException as exc:  # kept: the caller raises it, or the run goes on without workers
+                self.error = exc
+                logger.warning("quiver: the embedded cluster's workers did not start (%s: %s)", type(exc).__name__, exc)
+                self._handed.set()
+                return
+            self._retire()
+
+        self._thread = threading.Thread(target=run, name="quiver-cluster-start", daemon=True)
+        self._thread.start()
+        self._handed.wait()
+        if self.cluster is None:
+            assert self.error is not None
+            raise self.error
+        self.cluster._quiver_bridge = self
+        return self.cluster
+
+    def _hand(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self._handed.set()
+
+    def attach(self) -> None:
+        """Add the bridge worker (in this process, on the cluster's event loop)."""
+        try:
+            self.worker = self.cluster.sync(self._start_worker)
+        except Exception as exc:  # logged: the run waits for the cluster's own workers instead
+            logger.warning("quiver: no bridge worker (%s: %s)", type(exc).__name__, exc)
+        finally:
+            self._attached.set()
+
+    async def _start_worker(self) -> Any:
+        from distributed import Worker
+
+        return await Worker(self.cluster.scheduler_address, nthreads=1, name=NAME, memory_limit=0,
+                            dashboard=False)
+
+    # -- the retirement, in the start's thread -----------------------------------------------
+    def _retire(self) -> None:
+        self._attached.wait(self.timeout)
+        if self.worker is None:
+            self.retired = True
+            return
+        try:
+            self.cluster.sync(self._retire_async)
+        except Exception as exc:  # logged: the worker is closed below, Dask recomputes what it held
+            logger.warning("quiver: retiring the bridge worker failed (%s: %s)", type(exc).__name__, exc)
+            try:
+                self.cluster.sync(self.worker.close)
+            except Exception as again:  # logged: already closed, or the cluster is going away
+                logger.debug("quiver: closing the bridge worker: %s", again)
+        self.retired = True
+        self.retired_at = time.perf_counter()
+
+    async def _retire_async(self) -> None:
+        from distributed.core import Status
+
+        worker, scheduler = self.worker, self.cluster.scheduler
+        if worker.status != Status.running:  # closed with the cluster, or paused: Dask's business
+            return
+        # no more tasks for it; those queued on it and not started go to the workers
+        worker.status = Status.closing_gracefully
+        deadline = time.monotonic() + self.timeout
+        while worker.state.executing and time.monotonic() < deadline:  # its running task ends here
+            await asyncio.sleep(0.005)
+        # ... and the scheduler knows its results are here before Dask moves what only the bridge holds
+        while time.monotonic() < deadline and not _all_known(scheduler, worker):
+            await asyncio.sleep(0.005)
+        # what Worker.close_gracefully does, with this process's worker closed here, not by the scheduler
+        await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=True,
+                                       stimulus_id=f"quiver-bridge-retire-{time.time()}")
+        await asyncio.sleep(0.1)  # the scheduler's own status message reaches it before it closes
+        await worker.close(nanny=False, reason="quiver-bridge-retired")
+
+    # -- waiting for it ----------------------------------------------------------------------
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait until the workers started and the bridge retired (or the start failed)."""
+        if self._thread is not None:
+            self._thread.join(self.timeout if timeout is None else timeout)
+
+
+def _all_known(scheduler: Any, worker: Any) -> bool:
+    ws = scheduler.workers.get(worker.address)
+    if ws is None:
+        return True
+    held = {ts.key for ts in ws.has_what}
+    return all(key in held for key in list(worker.data))
+
+
+def settle(cluster: Any, timeout: float | None = None) -> None:
+    """Wait for ``cluster``'s bridge, if it has one, to retire (before the cluster is reused
+    or closed)."""
+    bridge = getattr(cluster, "_quiver_bridge", None)
+    if bridge is not None:
+        bridge.settle(timeout)

@@ -1,0 +1,92 @@
+"""The bridge (graph/bridge.py): a new embedded cluster's first tasks run in the user's process
+while its workers start, every task runs once, the bridge retires for the workers, and a kept
+cluster never has it.  Real LocalClusters, real processes."""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import pytest
+from dask.task_spec import Task
+
+import graph.embedded as embedded
+from graph.bridge import eligible, enabled
+from graph.iterative import iterative_task
+from pipelines import Pipeline, grid
+from tests import bridge_steps
+
+
+def test_only_runs_of_plain_steps_get_a_bridge():
+    def fit(x, lr):
+        yield {"a": x * lr}
+
+    plain = {"a": Task("a", len, [1])}
+    assert eligible(plain, collections=False, modules=["sklearn.svm._classes", "numpy"])
+    assert not eligible(plain, collections=True, modules=[])  # partitions would land in the user's process
+    assert not eligible(plain, collections=False, modules=["gpu.train"])
+    assert not eligible(plain, collections=False, modules=["torch.nn.modules.linear"])
+    assert not eligible({**plain, "f": iterative_task(Task("f", fit, 2, lr=0.5))}, collections=False, modules=[])
+
+
+def test_the_config_is_checked():
+    with dask.config.set({"quiver.embedded-cluster.bridge": "yes"}):
+        with pytest.raises(ValueError, match="quiver.embedded-cluster.bridge"):
+            enabled()
+    with dask.config.set({"quiver.embedded-cluster.bridge": False}):
+        assert enabled() is False
+    assert enabled() is True
+
+
+def _exploration(n: int = 12):
+    p = Pipeline("bridge")
+    return (p.source(bridge_steps.source, seed=1)
+            .explore("a", grid(bridge_steps.slow, a=list(range(n))))
+            .choose("m", k=1, mode="max")
+            .then(bridge_steps.test_step))
+
+
+def test_a_first_run_starts_in_this_process_and_hands_over_to_the_workers():
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 60}):
+        try:
+            r = _exploration().run(quiet=True, progress=False, workers=2)
+            assert r.stats["cluster"] == "started" and r.stats["bridge"] is True
+            assert r.value["test"] == 2 * (1 + 11)  # the best branch, computed wherever it ran
+            # every step ran exactly once: none was started on the bridge and again on a worker
+            # (the source, the 12 branches, the chosen branch's test step)
+            assert r.stats["executed_tasks"] == 1 + 12 + 1, r.stats
+            embedded.settle_kept()
+            client = embedded.kept()
+            pids = set(client.run(os.getpid).values())
+            assert os.getpid() not in pids and len(pids) == 2  # the kept cluster: its own two workers only
+            again = _exploration().run(quiet=True, progress=False, workers=2)
+            assert again.stats["cluster"] == "reused" and again.stats["bridge"] is False
+            assert again.value["test"] == r.value["test"]
+        finally:
+            embedded.close_kept()
+
+
+def test_where_the_steps_ran():
+    # 16 steps of 0.5 s on one thread take longer than two workers' start: some steps ran in
+    # this process (the bridge), the rest on the workers, and the source that the bridge
+    # computed reached the workers' steps (moved by Dask, never recomputed)
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0}):
+        node = (Pipeline("where").source(bridge_steps.source, seed=1)
+                .explore("a", grid(bridge_steps.slow, a=list(range(16)), seconds=[0.5])))
+        r = node.run(quiet=True, progress=False, workers=2)
+    pids = [v["pid"] for v in r.values]
+    sources = {v["source_pid"] for v in r.values}
+    assert r.stats["bridge"] is True
+    assert os.getpid() in pids, "no step ran in this process while the workers started"
+    assert set(pids) - {os.getpid()}, "no step ran on the cluster's own workers"
+    assert len(sources) == 1  # one source task, run once, wherever it ran
+    assert r.stats["executed_tasks"] == r.stats["unique_tasks"] == 17
+
+
+def test_the_config_turns_it_off():
+    with dask.config.set({"quiver.embedded-cluster.bridge": False, "quiver.embedded-cluster.idle-timeout": 0}):
+        node = (Pipeline("off").source(bridge_steps.source, seed=1)
+                .explore("a", grid(bridge_steps.slow, a=[1, 2, 3], seconds=[0.01])))
+        r = node.run(quiet=True, progress=False, workers=2)
+    assert r.stats["bridge"] is False
+    assert os.getpid() not in {v["pid"] for v in r.values}

@@ -24,7 +24,8 @@ stepcost   one model step (logistic regression, random forest, HistGradientBoost
            grid112 table) timed in a plain process, in a Quiver embedded worker and in a plain
            ``LocalCluster`` worker (Dask's worker environment): a step's own cost where it runs.
 
-Tools per workload: Quiver (embedded cluster); scikit-learn ``GridSearchCV(n_jobs=2)`` with
+Tools per workload: Quiver (embedded cluster; ``quiver_nobridge``: with dask config
+``quiver.embedded-cluster.bridge: false``, its first tasks waiting for the workers); scikit-learn ``GridSearchCV(n_jobs=2)`` with
 ``PredefinedSplit`` (the validation split) without and with ``Pipeline(memory=...)``; one
 ``dask.compute`` of ``dask.delayed(pure=True)`` branches on a ``LocalCluster`` the script starts
 (identical prefixes get one key, so Dask runs them once too); dask-ml's ``GridSearchCV`` on
@@ -62,9 +63,9 @@ HERE = ROOT / "benchmarks"
 RESULTS = HERE / "results" / "common_cases.json"
 
 WORKLOADS = {
-    "grid112": ["quiver", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
-    "dropin36": ["quiver", "sklearn", "sklearn_memory", "dask_ml"],
-    "digits": ["quiver", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
+    "grid112": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
+    "dropin36": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_ml"],
+    "digits": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
     "torch12": ["quiver", "optuna"],
     "stepcost": ["plain", "quiver_worker", "dask_worker"],
 }
@@ -108,7 +109,7 @@ def _quiver_explore(S, spec, load):
         r = node.run(quiet=True, progress=False, workers=2)
         st = r.stats
         return {"score": r.value["accuracy"], "test": r.value["test_accuracy"],
-                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "cluster_seconds",
+                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "cluster_seconds",
                                                      "wall_seconds", "busy_fraction", "executed_tasks", "naive_tasks")}}
     return call
 
@@ -200,7 +201,7 @@ def _dropin(tool: str):
 
             s = GridSearchCV(pipe, grid, cv=5, progress=False).fit(X, y)
             st = s.quiver_result_.stats
-            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "cluster_seconds",
+            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "cluster_seconds",
                                                            "wall_seconds", "busy_fraction", "executed_tasks")}}
         elif tool == "dask_ml":
             import dask_ml.model_selection as dms
@@ -291,6 +292,11 @@ def one(workload: str, tool: str, quick: bool) -> dict:
 
     if workload == "stepcost":
         return {"steps": stepcost(tool)}
+    if tool == "quiver_nobridge":  # Quiver without its bridge (graph/bridge.py), for the comparison
+        import dask
+
+        dask.config.set({"quiver.embedded-cluster.bridge": False})
+        tool = "quiver"
     if quick:
         S.GRID112 = {"scaler": ["standard", "minmax"], "features": [("pca", 8), ("kbest", 8)],
                      "model": [("logreg", 1.0), ("hgb", 0.2)]}
@@ -358,6 +364,7 @@ def summarise(runs: list[dict]) -> dict:
             keys = [k for k, v in b[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
             out["breakdown_first"] = {k: _median([x[k] for x in b if x.get(k) is not None]) for k in keys}
             out["worker_start"] = sorted({str(x.get("worker_start")) for x in b})  # forkserver or spawn
+            out["bridge"] = sorted({str(x.get("bridge")) for x in b})  # the first call began in the script's process
         b2 = [r["second"].get("breakdown") for r in ok if r["second"].get("breakdown")]
         if b2:
             keys = [k for k, v in b2[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -389,12 +396,12 @@ def print_table(results: dict) -> None:
         print(f"\n## {workload}")
         print("| tool | first call s, median (min-max) | second call s | best validation score | Quiver ÷ best plain (first / second) |")
         print("|---|---|---|---|---|")
-        plain = [t for t in tools if t != "quiver" and tools[t].get("first_s", {}).get("median")]
+        plain = [t for t in tools if not t.startswith("quiver") and tools[t].get("first_s", {}).get("median")]
         best1 = min((tools[t]["first_s"]["median"] for t in plain), default=None)
         best2 = min((tools[t]["second_s"]["median"] for t in plain), default=None)
         for tool, s in tools.items():
             ratio = ""
-            if tool == "quiver" and best1 and s["first_s"]["median"]:
+            if tool.startswith("quiver") and best1 and s["first_s"]["median"]:
                 ratio = f"{s['first_s']['median'] / best1:.2f} / {s['second_s']['median'] / best2:.2f}"
             score = s.get("score")
             err = f" ERRORS: {s['errors']}" if s.get("errors") else ""

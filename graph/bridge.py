@@ -89,6 +89,7 @@ class Bridge:
         self.retired = False
         self._handed = threading.Event()
         self._attached = threading.Event()
+        self._gone = threading.Event()  # the scheduler has no bridge any more (or never will have)
         self._thread: threading.Thread | None = None
         self.started_at = time.perf_counter()
         self.workers_at: float | None = None  # perf_counter when the workers were all in
@@ -107,8 +108,12 @@ class Bridge:
                 self.error = exc
                 logger.warning("quiver: the embedded cluster's workers did not start (%s: %s)", type(exc).__name__, exc)
                 self._handed.set()
+                self._gone.set()
                 return
-            self._retire()
+            try:
+                self._retire()
+            finally:
+                self._gone.set()
 
         self._thread = threading.Thread(target=run, name="quiver-cluster-start", daemon=True)
         self._thread.start()
@@ -172,14 +177,21 @@ class Bridge:
         # what Worker.close_gracefully does, with this process's worker closed here, not by the scheduler
         await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=True,
                                        stimulus_id=f"quiver-bridge-retire-{time.time()}")
+        self._gone.set()  # the cluster is its workers alone: a next run need not wait for the close below
         await asyncio.sleep(0.1)  # the scheduler's own status message reaches it before it closes
         await worker.close(nanny=False, reason="quiver-bridge-retired")
 
     # -- waiting for it ----------------------------------------------------------------------
-    def settle(self, timeout: float | None = None) -> None:
-        """Wait until the workers started and the bridge retired (or the start failed)."""
-        if self._thread is not None:
-            self._thread.join(self.timeout if timeout is None else timeout)
+    def settle(self, timeout: float | None = None, closed: bool = False) -> None:
+        """Wait until the workers started and the scheduler has no bridge (or the start failed);
+        ``closed``: until the bridge worker has closed too (before the cluster closes)."""
+        if self._thread is None:
+            return
+        timeout = self.timeout if timeout is None else timeout
+        if closed:
+            self._thread.join(timeout)
+        else:
+            self._gone.wait(timeout)
 
 
 def _all_known(scheduler: Any, worker: Any) -> bool:
@@ -190,9 +202,9 @@ def _all_known(scheduler: Any, worker: Any) -> bool:
     return all(key in held for key in list(worker.data))
 
 
-def settle(cluster: Any, timeout: float | None = None) -> None:
-    """Wait for ``cluster``'s bridge, if it has one, to retire (before the cluster is reused
-    or closed)."""
+def settle(cluster: Any, timeout: float | None = None, closed: bool = False) -> None:
+    """Wait for ``cluster``'s bridge, if it has one, to retire (before the cluster is reused);
+    ``closed``: and to close (before the cluster closes)."""
     bridge = getattr(cluster, "_quiver_bridge", None)
     if bridge is not None:
-        bridge.settle(timeout)
+        bridge.settle(timeout, closed=closed)

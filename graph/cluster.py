@@ -210,7 +210,7 @@ def _settling(cluster: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        settle(cluster)
+        settle(cluster, closed=True)
 
 
 def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | None = None,
@@ -256,7 +256,7 @@ def _close_started(cluster: Any) -> None:
     """Close a cluster this process started, once its workers' start (and bridge) ended."""
     from .bridge import settle
 
-    settle(cluster)
+    settle(cluster, closed=True)
     cluster.close()
 
 

@@ -68,12 +68,13 @@ def settle_kept() -> None:
         settle(cluster)
 
 
-def _settled(entry: dict) -> bool:
+def _settled(entry: dict, closed: bool = False) -> bool:
     """Wait for a cluster started with a bridge (graph.bridge) to have its own workers and
-    no bridge: a kept cluster is handed on without it."""
+    no bridge: a kept cluster is handed on without it (``closed``: and the bridge closed, before
+    the cluster closes)."""
     from .bridge import settle
 
-    settle(entry["cluster"])
+    settle(entry["cluster"], closed=closed)
     return True
 
 
@@ -173,7 +174,7 @@ def _take() -> dict:
 
 
 def _close(entry: dict) -> None:
-    _settled(entry)  # a start still under way ends before the cluster closes
+    _settled(entry, closed=True)  # a start still under way ends before the cluster closes
     for part in ("client", "cluster"):
         try:
             entry[part].close()

@@ -158,3 +158,19 @@ def test_packing_loop_quick_trains_the_hand_written_loops_runs(tmp_path):
         assert methods[name]["max_accuracy_diff"] <= 1e-5, (name, methods[name])
     assert methods["packed_own_step"]["max_accuracy_diff"] <= 0.01  # vmap's kernels round differently
     assert 1 <= methods["packed_auto"]["active"] <= 3
+
+
+def test_common_cases_quick_dropin_with_and_without_the_bridge(tmp_path):
+    """The drop-in workload of the common-cases benchmark: the drop-in with and without its
+    bridge (graph/bridge.py) and scikit-learn's own class find the same best score, the bridge
+    was used only where asked, and it ran no task twice (the same task count either way)."""
+    out = tmp_path / "cc.json"
+    proc = run("common_cases.py", "--quick", "--workloads", "dropin36", "--tools", "quiver,quiver_nobridge,sklearn",
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tools = json.loads(out.read_text())["workloads"]["dropin36"]
+    assert not any(t.get("errors") for t in tools.values()), tools
+    assert tools["quiver"]["score"] == tools["quiver_nobridge"]["score"] == pytest.approx(tools["sklearn"]["score"], abs=1e-12)
+    assert tools["quiver"]["bridge"] == ["True"] and tools["quiver_nobridge"]["bridge"] == ["False"]
+    assert tools["quiver"]["breakdown_first"]["executed_tasks"] == tools["quiver_nobridge"]["breakdown_first"]["executed_tasks"]
+    assert "| quiver |" in proc.stdout and "| sklearn |" in proc.stdout

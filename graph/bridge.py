@@ -87,6 +87,7 @@ class Bridge:
         self.worker: Any = None
         self.error: BaseException | None = None
         self.retired = False
+        self.handed_over = 0  # tasks queued on the bridge, not started, moved to the workers at once
         self._handed = threading.Event()
         self._attached = threading.Event()
         self._gone = threading.Event()  # the scheduler has no bridge any more (or never will have)
@@ -166,8 +167,10 @@ class Bridge:
         worker, scheduler = self.worker, self.cluster.scheduler
         if worker.status != Status.running:  # closed with the cluster, or paused: Dask's business
             return
-        # no more tasks for it; those queued on it and not started go to the workers
+        # no more tasks for it, and those queued on it and not started go to the workers now (not
+        # when it leaves: a long task it is running would hold them back)
         worker.status = Status.closing_gracefully
+        self.handed_over = _hand_over_queued(scheduler, worker)
         deadline = time.monotonic() + self.timeout
         while worker.state.executing and time.monotonic() < deadline:  # its running task ends here
             await asyncio.sleep(0.005)
@@ -192,6 +195,26 @@ class Bridge:
             self._thread.join(timeout)
         else:
             self._gone.wait(timeout)
+
+
+def _hand_over_queued(scheduler: Any, worker: Any) -> int:
+    """Ask Dask's work stealing to move the tasks the scheduler has queued on the bridge that it
+    has not started to the cluster's workers, least occupied first; how many were asked for."""
+    from distributed.core import Status
+
+    stealing = scheduler.extensions.get("stealing")
+    ws = scheduler.workers.get(worker.address)
+    thieves = sorted((w for w in scheduler.workers.values() if w is not ws and w.status == Status.running),
+                     key=lambda w: w.occupancy)
+    if stealing is None or ws is None or not thieves:
+        return 0
+    started = {ts.key for ts in worker.state.executing}
+    asked = 0
+    for ts in list(ws.processing):
+        if ts.key not in started:
+            stealing.move_task_request(ts, ws, thieves[asked % len(thieves)])
+            asked += 1
+    return asked
 
 
 def _all_known(scheduler: Any, worker: Any) -> bool:

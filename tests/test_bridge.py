@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import dask
+import psutil
 import pytest
 from dask.task_spec import Task
 
@@ -90,3 +91,31 @@ def test_the_config_turns_it_off():
         r = node.run(quiet=True, progress=False, workers=2)
     assert r.stats["bridge"] is False
     assert os.getpid() not in {v["pid"] for v in r.values}
+
+
+def test_a_start_retried_with_spawn_replaces_the_first_workers(monkeypatch):
+    # graph.workerstart retries a failed forked start once with spawn, calling the cluster's
+    # ``make`` again: under a bridge that reuses the scheduler already handed to the run, and the
+    # first start's workers go before the new ones come
+    import graph.workerstart as workerstart
+
+    def forked_then_spawned(make, environ, modules=(), budgeted=False, meanwhile=None):
+        make("forkserver")  # as if it had failed once its workers were up
+        return make("spawn"), "spawn"
+
+    monkeypatch.setattr(workerstart, "start_workers", forked_then_spawned)
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 60}):
+        try:
+            node = (Pipeline("retried").source(bridge_steps.source, seed=1)
+                    .explore("a", grid(bridge_steps.slow, a=[1, 2, 3, 4], seconds=[0.05])))
+            r = node.run(quiet=True, progress=False, workers=2)
+            assert r.stats["bridge"] is True
+            assert sorted(v["m"] for v in r.values) == [2.0, 3.0, 4.0, 5.0]
+            assert r.stats["executed_tasks"] == r.stats["unique_tasks"] == 5
+            embedded.settle_kept()
+            pids = set(embedded.kept().run(os.getpid).values())
+            assert len(pids) == 2 and os.getpid() not in pids
+            # the spawned two (children of this process, where forks are the fork server's); the forked two gone
+            assert {psutil.Process(pid).ppid() for pid in pids} == {os.getpid()}
+        finally:
+            embedded.close_kept()

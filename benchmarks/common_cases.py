@@ -109,7 +109,7 @@ def _quiver_explore(S, spec, load):
         r = node.run(quiet=True, progress=False, workers=2)
         st = r.stats
         return {"score": r.value["accuracy"], "test": r.value["test_accuracy"],
-                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "cluster_seconds",
+                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "cluster_seconds",
                                                      "wall_seconds", "busy_fraction", "executed_tasks", "naive_tasks")}}
     return call
 
@@ -201,7 +201,7 @@ def _dropin(tool: str):
 
             s = GridSearchCV(pipe, grid, cv=5, progress=False).fit(X, y)
             st = s.quiver_result_.stats
-            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "cluster_seconds",
+            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "cluster_seconds",
                                                            "wall_seconds", "busy_fraction", "executed_tasks")}}
         elif tool == "dask_ml":
             import dask_ml.model_selection as dms

@@ -680,6 +680,7 @@ class _Run:
             "first_result_seconds": driver.first_result,
             "lost_results": state.lost,
             "second_pass_copies": state.copies_made,  # graph/memory/secondpass.py: partitions computed again, not held
+            "bridge_tasks": snap.get("bridge_tasks", 0),  # finished in the user's process (graph/bridge.py)
         }
         stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)

@@ -23,6 +23,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .bridge import NAME as BRIDGE
 from .iterative import WAIT_TOPIC
 from .keys import original_key
 from .memory.working import WORKING_TOPIC
@@ -41,6 +42,7 @@ class RunMonitor(SchedulerPlugin):
         # key -> seconds its iterative step waited at rungs (graph.iterative.WAIT_TOPIC): not compute
         self.waited: dict[str, float] = {}
         self.working: dict[Any, int] = {}  # key -> working memory a worker measured (graph.memory.workmeter)
+        self.on_bridge = 0  # tasks that finished on the bridge (graph.bridge): in the user's process
         self.pauses = 0  # times a worker paused (its memory passed Dask's pause line)
         self.paused_seconds = 0.0
         self._paused_since: dict[str, float] = {}
@@ -162,6 +164,10 @@ class RunMonitor(SchedulerPlugin):
                 compute += ss["stop"] - ss["start"]
         compute = max(0.0, compute - self.waited.pop(key, 0.0))  # an iterative step's waits at rungs are not compute
         n, seconds, nbytes = self.record.get(key, (0, 0.0, None))
+        if self._scheduler is not None:  # ran in the user's process while the workers started (graph.bridge)
+            ws = self._scheduler.workers.get(kwargs.get("worker"))
+            if ws is not None and ws.name == BRIDGE:
+                self.on_bridge += 1
         size = kwargs.get("nbytes")
         self.record[key] = (n + 1, seconds + compute, nbytes if size is None else size)
         if size is not None and self.limit is not None and self.topic and size > self.limit and self._scheduler:
@@ -179,6 +185,7 @@ class RunMonitor(SchedulerPlugin):
             "paused_seconds": self.paused_seconds + sum(time.monotonic() - t for t in self._paused_since.values()),
             "peak_memory_bytes": self.peak_memory,
             "peak_worker_memory_bytes": self.peak_worker,
+            "bridge_tasks": self.on_bridge,
         }
 
 

@@ -82,6 +82,7 @@ def test_where_the_steps_ran():
     assert set(pids) - {os.getpid()}, "no step ran on the cluster's own workers"
     assert len(sources) == 1  # one source task, run once, wherever it ran
     assert r.stats["executed_tasks"] == r.stats["unique_tasks"] == 17
+    assert r.stats["bridge_tasks"] == sum(p == os.getpid() for p in pids) + (next(iter(sources)) == os.getpid())
 
 
 def test_the_config_turns_it_off():
@@ -89,7 +90,7 @@ def test_the_config_turns_it_off():
         node = (Pipeline("off").source(bridge_steps.source, seed=1)
                 .explore("a", grid(bridge_steps.slow, a=[1, 2, 3], seconds=[0.01])))
         r = node.run(quiet=True, progress=False, workers=2)
-    assert r.stats["bridge"] is False
+    assert r.stats["bridge"] is False and r.stats["bridge_tasks"] == 0
     assert os.getpid() not in {v["pid"] for v in r.values}
 
 

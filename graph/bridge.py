@@ -21,7 +21,8 @@ retirement (:func:`settle`).
 What a task run on the bridge sees is the user's process: its allocator and thread settings,
 not the workers' (:mod:`graph.workerenv`), and a step that crashes the interpreter takes the
 user's process with it.  So only runs of plain steps get a bridge (:func:`eligible`: no
-iterative or training steps, no Dask collections, no memory budget), and dask config
+iterative or training steps, no Dask collections; and, decided by ``graph.cluster.connect``,
+no memory budget), and dask config
 ``quiver.embedded-cluster.bridge: false`` turns it off.
 
 >>> from dask.task_spec import Task
@@ -80,21 +81,15 @@ class Bridge:
     (:meth:`begin`), the caller gets the cluster as soon as its scheduler is up, adds the
     bridge worker (:meth:`attach`), and the thread retires it once the workers are in."""
 
-    def __init__(self, n_workers: int, timeout: float = 120.0):
-        self.n_workers = n_workers
+    def __init__(self, timeout: float = 120.0):
         self.timeout = timeout
         self.cluster: Any = None
         self.worker: Any = None
         self.error: BaseException | None = None
-        self.retired = False
-        self.handed_over = 0  # tasks queued on the bridge, not started, moved to the workers at once
         self._handed = threading.Event()
         self._attached = threading.Event()
         self._gone = threading.Event()  # the scheduler has no bridge any more (or never will have)
         self._thread: threading.Thread | None = None
-        self.started_at = time.perf_counter()
-        self.workers_at: float | None = None  # perf_counter when the workers were all in
-        self.retired_at: float | None = None
 
     # -- the start, in its own thread ------------------------------------------------------
     def begin(self, start: Callable[[Callable[[Any], None]], Any]) -> Any:
@@ -104,7 +99,6 @@ class Bridge:
         def run() -> None:
             try:
                 start(self._hand)
-                self.workers_at = time.perf_counter()
             except BaseException as exc:  # kept: the caller raises it, or the run goes on without workers
                 self.error = exc
                 logger.warning("quiver: the embedded cluster's workers did not start (%s: %s)", type(exc).__name__, exc)
@@ -148,7 +142,6 @@ class Bridge:
     def _retire(self) -> None:
         self._attached.wait(self.timeout)
         if self.worker is None:
-            self.retired = True
             return
         try:
             self.cluster.sync(self._retire_async)
@@ -158,8 +151,6 @@ class Bridge:
                 self.cluster.sync(self.worker.close)
             except Exception as again:  # logged: already closed, or the cluster is going away
                 logger.debug("quiver: closing the bridge worker: %s", again)
-        self.retired = True
-        self.retired_at = time.perf_counter()
 
     async def _retire_async(self) -> None:
         from distributed.core import Status
@@ -170,7 +161,7 @@ class Bridge:
         # no more tasks for it, and those queued on it and not started go to the workers now (not
         # when it leaves: a long task it is running would hold them back)
         worker.status = Status.closing_gracefully
-        self.handed_over = _hand_over_queued(scheduler, worker)
+        _hand_over_queued(scheduler, worker)
         deadline = time.monotonic() + self.timeout
         while worker.state.executing and time.monotonic() < deadline:  # its running task ends here
             await asyncio.sleep(0.005)
@@ -197,9 +188,9 @@ class Bridge:
             self._gone.wait(timeout)
 
 
-def _hand_over_queued(scheduler: Any, worker: Any) -> int:
+def _hand_over_queued(scheduler: Any, worker: Any) -> None:
     """Ask Dask's work stealing to move the tasks the scheduler has queued on the bridge that it
-    has not started to the cluster's workers, least occupied first; how many were asked for."""
+    has not started to the cluster's workers, least occupied first."""
     from distributed.core import Status
 
     stealing = scheduler.extensions.get("stealing")
@@ -207,14 +198,11 @@ def _hand_over_queued(scheduler: Any, worker: Any) -> int:
     thieves = sorted((w for w in scheduler.workers.values() if w is not ws and w.status == Status.running),
                      key=lambda w: w.occupancy)
     if stealing is None or ws is None or not thieves:
-        return 0
+        return
     started = {ts.key for ts in worker.state.executing}
-    asked = 0
-    for ts in list(ws.processing):
-        if ts.key not in started:
-            stealing.move_task_request(ts, ws, thieves[asked % len(thieves)])
-            asked += 1
-    return asked
+    queued = [ts for ts in ws.processing if ts.key not in started]
+    for i, ts in enumerate(queued):
+        stealing.move_task_request(ts, ws, thieves[i % len(thieves)])
 
 
 def _all_known(scheduler: Any, worker: Any) -> bool:

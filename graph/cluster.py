@@ -163,13 +163,13 @@ def connect(
     # a kept cluster whose workers are still starting (graph.bridge) first finishes its start:
     # until then this process's config and environment hold the start's settings for its nannies
     embedded.settle_kept()
-    if bridge and memory_budget is None:
+    if bridge:  # never under a budget: its workers' memory is planned from their start
         from .bridge import enabled
 
-        bridge = enabled()
+        bridge = memory_budget is None and enabled()
 
     def start() -> tuple[Any, Any]:
-        cluster, c = _start_embedded(kwargs, memory_budget, preload, info, bridge=bridge and memory_budget is None)
+        cluster, c = _start_embedded(kwargs, memory_budget, preload, info, bridge=bridge)
         return cluster, c
 
     if memory_budget is not None:  # never kept: its workers carry one run's planned spill settings
@@ -221,7 +221,7 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
     if bridge:
         from .bridge import Bridge
 
-        helper = Bridge(kwargs["n_workers"])
+        helper = Bridge()
         cluster = helper.begin(lambda hand: _started(kwargs, memory_budget, preload, info, hand))
         if info is not None:
             info["bridge"] = True
@@ -310,7 +310,7 @@ def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | N
             cluster = made[0]
             if cluster.workers:  # a failed start with forks: its workers go before a spawned start
                 cluster.scale(0)
-                cluster.sync(_workers_gone, cluster)
+                cluster.sync(cluster._correct_state)
             cluster.scale(kwargs["n_workers"])
             cluster.sync(_workers_in, cluster, kwargs["n_workers"])
             return cluster
@@ -318,10 +318,8 @@ def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | N
         from .table import import_table_library
 
         # the run's table needs pandas at its end: imported while the workers' server imports
-        cluster, method = start_workers(make, needed, preload, budgeted=memory_budget is not None,
-                                        meanwhile=import_table_library if hand is None else None)
-        if info is not None:
-            info["start_method"] = method
+        cluster, _ = start_workers(make, needed, preload, budgeted=memory_budget is not None,
+                                   meanwhile=import_table_library if hand is None else None)
     return cluster
 
 
@@ -334,10 +332,6 @@ async def _workers_in(cluster: Any, n: int) -> None:
     await cluster._correct_state()
     while sum(ws.name != NAME for ws in cluster.scheduler.workers.values()) < n:
         await asyncio.sleep(0.005)
-
-
-async def _workers_gone(cluster: Any) -> None:
-    await cluster._correct_state()
 
 
 @contextlib.contextmanager

@@ -68,18 +68,11 @@ def settle_kept() -> None:
         settle(cluster)
 
 
-def _settled(entry: dict, closed: bool = False) -> bool:
-    """Wait for a cluster started with a bridge (graph.bridge) to have its own workers and
-    no bridge: a kept cluster is handed on without it (``closed``: and the bridge closed, before
-    the cluster closes)."""
+def _healthy(entry: dict) -> bool:
     from .bridge import settle
 
-    settle(entry["cluster"], closed=closed)
-    return True
-
-
-def _healthy(entry: dict) -> bool:
     cluster, client = entry["cluster"], entry["client"]
+    settle(cluster)  # one started with a bridge (graph.bridge) is handed on once it has its own workers alone
     if getattr(getattr(cluster, "_quiver_bridge", None), "error", None) is not None:
         return False  # its workers never started (graph.bridge): it ran on the user's process alone
     try:
@@ -100,7 +93,7 @@ def acquire(spec: Hashable, start: Callable[[], tuple[Any, Any]]) -> tuple[Any, 
         if entry:
             if entry["busy"]:
                 keep = False  # another thread's run holds it: this run gets its own, not kept
-            elif entry["spec"] == spec and _settled(entry) and _healthy(entry):
+            elif entry["spec"] == spec and _healthy(entry):
                 _cancel_timer()
                 _kept["busy"] = True
                 return entry["cluster"], entry["client"], True, True
@@ -174,7 +167,9 @@ def _take() -> dict:
 
 
 def _close(entry: dict) -> None:
-    _settled(entry, closed=True)  # a start still under way ends before the cluster closes
+    from .bridge import settle
+
+    settle(entry["cluster"], closed=True)  # a start still under way ends before the cluster closes
     for part in ("client", "cluster"):
         try:
             entry[part].close()

@@ -50,7 +50,7 @@ def run_node(
     compile_seconds = time.perf_counter() - clock
     cluster_info: dict = {}
     modules = step_modules(compiled)  # what the steps import: preloaded by new workers, then warmed up
-    bridge = client is None and memory_budget is None and _bridged(compiled, modules)
+    bridge = client is None and _bridged(compiled, modules)  # connect() leaves budgeted runs out
     with contextlib.ExitStack() as stack:
         clock = time.perf_counter()
         c = stack.enter_context(connect(

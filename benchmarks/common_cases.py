@@ -25,7 +25,8 @@ stepcost   one model step (logistic regression, random forest, HistGradientBoost
            ``LocalCluster`` worker (Dask's worker environment): a step's own cost where it runs.
 
 Tools per workload: Quiver (embedded cluster; ``quiver_nobridge``: with dask config
-``quiver.embedded-cluster.bridge: false``, its first tasks waiting for the workers); scikit-learn ``GridSearchCV(n_jobs=2)`` with
+``quiver.embedded-cluster.bridge: false``, its first tasks waiting for the workers; ``quiver_nospread``:
+``quiver.spread-siblings: false``, every task placed by Dask alone); scikit-learn ``GridSearchCV(n_jobs=2)`` with
 ``PredefinedSplit`` (the validation split) without and with ``Pipeline(memory=...)``; one
 ``dask.compute`` of ``dask.delayed(pure=True)`` branches on a ``LocalCluster`` the script starts
 (identical prefixes get one key, so Dask runs them once too); dask-ml's ``GridSearchCV`` on
@@ -63,9 +64,9 @@ HERE = ROOT / "benchmarks"
 RESULTS = HERE / "results" / "common_cases.json"
 
 WORKLOADS = {
-    "grid112": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
-    "dropin36": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_ml"],
-    "digits": ["quiver", "quiver_nobridge", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
+    "grid112": ["quiver", "quiver_nobridge", "quiver_nospread", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
+    "dropin36": ["quiver", "quiver_nobridge", "quiver_nospread", "sklearn", "sklearn_memory", "dask_ml"],
+    "digits": ["quiver", "quiver_nobridge", "quiver_nospread", "sklearn", "sklearn_memory", "dask_compute", "dask_ml"],
     "torch12": ["quiver", "optuna"],
     "stepcost": ["plain", "quiver_worker", "dask_worker"],
 }
@@ -109,7 +110,7 @@ def _quiver_explore(S, spec, load):
         r = node.run(quiet=True, progress=False, workers=2)
         st = r.stats
         return {"score": r.value["accuracy"], "test": r.value["test_accuracy"],
-                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "cluster_seconds",
+                "breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "spread_tasks", "cluster_seconds",
                                                      "wall_seconds", "busy_fraction", "executed_tasks", "naive_tasks")}}
     return call
 
@@ -201,7 +202,7 @@ def _dropin(tool: str):
 
             s = GridSearchCV(pipe, grid, cv=5, progress=False).fit(X, y)
             st = s.quiver_result_.stats
-            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "cluster_seconds",
+            extra = {"breakdown": {k: st.get(k) for k in ("compile_seconds", "cluster", "worker_start", "bridge", "bridge_tasks", "spread_tasks", "cluster_seconds",
                                                            "wall_seconds", "busy_fraction", "executed_tasks")}}
         elif tool == "dask_ml":
             import dask_ml.model_selection as dms
@@ -292,10 +293,10 @@ def one(workload: str, tool: str, quick: bool) -> dict:
 
     if workload == "stepcost":
         return {"steps": stepcost(tool)}
-    if tool == "quiver_nobridge":  # Quiver without its bridge (graph/bridge.py), for the comparison
-        import dask
+    if tool in ("quiver_nobridge", "quiver_nospread"):  # Quiver without its bridge (graph/bridge.py)
+        import dask                                        # or its sibling spread (graph/spread.py)
 
-        dask.config.set({"quiver.embedded-cluster.bridge": False})
+        dask.config.set({"quiver.embedded-cluster.bridge" if tool == "quiver_nobridge" else "quiver.spread-siblings": False})
         tool = "quiver"
     if quick:
         S.GRID112 = {"scaler": ["standard", "minmax"], "features": [("pca", 8), ("kbest", 8)],

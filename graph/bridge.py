@@ -67,13 +67,13 @@ def eligible(graph: Mapping[str, Any], collections: bool, modules: Iterable[str]
     iterative step, which reports and waits at rungs from its worker), no Dask collections
     (partitions may be large: they would land in the user's process) and no training
     libraries among the steps' ``modules``."""
-    from .iterative import Iterative
+    from .state.machine import runs_iterative  # the one rule for "an iterative step's task"
 
     if collections:
         return False
     if any(str(m).split(".")[0] in _NOT_BRIDGED for m in modules):
         return False
-    return not any(isinstance(getattr(task, "func", None), Iterative) for task in graph.values())
+    return not any(runs_iterative(task) for task in graph.values())
 
 
 class Bridge:

@@ -144,6 +144,12 @@ class CompiledPipeline:
         return [b.key for b in self.branches]
 
     @property
+    def has_collections(self) -> bool:
+        """Whether a step builds a Dask collection or a branch's value is one (partitions:
+        Dask places them, and they may be large)."""
+        return bool(self.step_of) or any(b.parts for b in self.branches)
+
+    @property
     def naive_tasks(self) -> int:
         """Tasks if every output branch ran its own full path, sharing nothing."""
         return sum(len(b.lineage) for b in self.branches)

@@ -142,8 +142,7 @@ def _bridged(compiled: Any, modules: list[str]) -> bool:
     (graph/bridge.py)."""
     from graph.bridge import eligible
 
-    collections = bool(compiled.step_of) or any(b.parts for b in compiled.branches)
-    return eligible(compiled.graph, collections=collections, modules=modules)
+    return eligible(compiled.graph, collections=compiled.has_collections, modules=modules)
 
 
 def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, threads_per_worker: int) -> Any:

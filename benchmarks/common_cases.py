@@ -26,7 +26,7 @@ stepcost   one model step (logistic regression, random forest, HistGradientBoost
 
 Tools per workload: Quiver (embedded cluster; ``quiver_nobridge``: with dask config
 ``quiver.embedded-cluster.bridge: false``, its first tasks waiting for the workers; ``quiver_nospread``:
-``quiver.spread-siblings: false``, every task placed by Dask alone); scikit-learn ``GridSearchCV(n_jobs=2)`` with
+``quiver.spread-ready: false``, every task placed by Dask alone); scikit-learn ``GridSearchCV(n_jobs=2)`` with
 ``PredefinedSplit`` (the validation split) without and with ``Pipeline(memory=...)``; one
 ``dask.compute`` of ``dask.delayed(pure=True)`` branches on a ``LocalCluster`` the script starts
 (identical prefixes get one key, so Dask runs them once too); dask-ml's ``GridSearchCV`` on
@@ -296,7 +296,7 @@ def one(workload: str, tool: str, quick: bool) -> dict:
     if tool in ("quiver_nobridge", "quiver_nospread"):  # Quiver without its bridge (graph/bridge.py)
         import dask                                        # or its sibling spread (graph/spread.py)
 
-        dask.config.set({"quiver.embedded-cluster.bridge" if tool == "quiver_nobridge" else "quiver.spread-siblings": False})
+        dask.config.set({"quiver.embedded-cluster.bridge" if tool == "quiver_nobridge" else "quiver.spread-ready": False})
         tool = "quiver"
     if quick:
         S.GRID112 = {"scaler": ["standard", "minmax"], "features": [("pca", 8), ("kbest", 8)],

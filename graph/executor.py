@@ -37,7 +37,6 @@ from .memory.budget import BudgetedRun
 from .monitor import RunMonitor, snapshot_on_scheduler
 from .options import RunOptions, check_options
 from .progress import Progress
-from .spread import enabled as spread_enabled
 from .state import (
     Abort,
     Answer,
@@ -167,7 +166,6 @@ class ExplorationDriver:
         depth_first: bool = True,
         poll: float = 0.25,
         placement: dict[str, str] | None = None,
-        spread: bool = False,
     ):
         self.state = state
         self.client = client
@@ -176,8 +174,6 @@ class ExplorationDriver:
         self.budget = budget
         self.depth_first = depth_first  # False: no priorities, Dask's own ordering (for comparison)
         self.placement = dict(placement or {})  # task -> worker: loose restrictions (graph.packing.place_packs)
-        self.spread = spread  # siblings dealt over the workers at submission (graph.spread), unless budgeted
-        self.spread_tasks = 0  # tasks submitted with a sibling placement
         self.poll = poll
         self.futures: dict[str, Future] = {}
         self.events: queue.Queue = queue.Queue()
@@ -421,7 +417,6 @@ class ExplorationDriver:
         if self.started is None:
             self.started = time.perf_counter()
         base = {"priority": dict(ins.priority).__getitem__} if self.depth_first else {}
-        self._spread(ins)
         placed = {k: t for k, t in ins.tasks.items() if k in self.placement}
         rest = {k: t for k, t in ins.tasks.items() if k not in placed}
         layers = {}
@@ -436,25 +431,6 @@ class ExplorationDriver:
         for fut in futs:
             self.futures[fut.key] = fut
         self._watch(futs)
-
-    def _spread(self, ins: Submit) -> None:
-        """Deal this submission's siblings over the workers (``graph.spread``'s rule) into
-        ``placement``; packed tasks keep theirs, training steps and budgeted runs get none."""
-        if not self.spread or len(ins.tasks) < 2 or (self.budget is not None and self.budget.budget is not None):
-            return
-        from .bridge import NAME as BRIDGE
-        from .spread import spread
-
-        info = self.ask(self.client.scheduler_info, n_workers=-1, what="listing the workers")
-        workers = info.get("workers", {})
-        slots = [addr for addr, w in sorted(workers.items()) if w.get("name") != BRIDGE
-                 for _ in range(int(w.get("nthreads", 1) or 1))]
-        skip = set(self.placement) | self.state.iterative
-        deps = {k: [d for d in getattr(t, "dependencies", ())] for k, t in ins.tasks.items()}
-        order = sorted(ins.tasks, key=lambda k: ins.priority.get(k, 0)) if ins.priority else list(ins.tasks)
-        placed = spread(deps, order, slots, skip=skip)
-        self.placement.update(placed)
-        self.spread_tasks += len(placed)
 
     def _show(self, force: bool = False) -> None:
         p = self.state.progress()
@@ -590,7 +566,7 @@ class _Run:
         publisher = ExplorationPublisher(client, run_id, compiled, naive_tasks=prepared.naive_tasks,
                                          unique_tasks=prepared.unique_tasks)
         driver = ExplorationDriver(state, client, bar, publisher=publisher, depth_first=opts.order == "depth-first",
-                                   placement=compiled.placement, spread=not compiled.has_collections and spread_enabled())
+                                   placement=compiled.placement)
         return cls(compiled, client, opts, prepared, state, monitor, bar, publisher, driver, run_id, start)
 
     def start_services(self, memory_budget: Any, disk_bandwidth: Any, on_driver: Callable | None) -> None:
@@ -705,7 +681,6 @@ class _Run:
             "lost_results": state.lost,
             "second_pass_copies": state.copies_made,  # graph/memory/secondpass.py: partitions computed again, not held
             "bridge_tasks": snap.get("bridge_tasks", 0),  # finished in the user's process (graph/bridge.py)
-            "spread_tasks": driver.spread_tasks,  # siblings dealt over the workers (graph/spread.py)
         }
         stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)

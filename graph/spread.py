@@ -1,78 +1,93 @@
-"""Siblings side by side: the alternatives of one explore start on different workers.
+"""Ready tasks where they start first: a task whose inputs sit on a busy worker may start on another.
 
-Why: Dask places a task on a worker that holds its inputs (``distributed.scheduler.decide_worker``
-looks at no other worker), so the alternatives that read one result (the scalers of one
-source, the feature sets of one scaling, the models of one feature set) are all sent to the
-worker that computed it, and only work stealing moves some of them away. Stealing needs the
-victim's answer, from its event loop, and a step that holds the GIL keeps that loop silent
-until it ends: scipy's full SVD (a PCA with ``svd_solver="full"``) held it for 0.8 s, so on a
-2-worker cluster three of four 0.9 s prefix steps ran one after the other on one worker while
-the other waited (``benchmarks/common_cases.py``'s digits workload, Dask's task stream and its
-``stealing`` events, docs/guide/speed.md). A run knows its siblings before it submits them: it
-sends each group of them over the workers, round robin, as *loose* restrictions (Dask runs one
-elsewhere if its worker is gone, and may still steal it), so no answer is needed.
+Why: Dask places a ready task only on a worker that holds its inputs
+(``distributed.scheduler.decide_worker`` looks at no other worker), so the alternatives that
+read one result (the feature sets of one scaling, the models of one feature set) all queue on
+the worker that computed it, and only work stealing moves some away. Stealing needs that
+worker's answer, from its event loop, and a step that holds the GIL keeps the loop silent until
+it ends: scipy's full SVD (a PCA with ``svd_solver="full"``) held it for 0.8 s, so on a 2-worker
+cluster three of four 0.9 s polynomial+PCA prefixes ran one after the other on one worker while
+the other waited (``benchmarks/common_cases.py``'s digits workload: Dask's task stream and its
+``stealing`` events, docs/guide/speed.md). Deciding *when a task becomes ready* needs no answer:
+nothing has been sent yet. Dealing siblings over the workers when they are submitted was tried
+first and dropped: on the 112-branch grid a worker then waited for inputs still being computed
+on the other one, 1.6 s of gaps per worker instead of 0.1-0.8 s.
 
-The rule is :func:`spread` (pure). Left out of it: tasks with no input (Dask spreads those
-itself), training steps (their shared inputs are copied by ``graph.sharedcopies`` and packed
-tasks are placed by ``graph.packing.place_packs``), and, by the caller, runs under a memory
-budget (its plan counts one copy of each result: a sibling elsewhere copies its input) and runs
-of Dask collections (partitions are placed by Dask). The cost: a group's input is copied once
-to each worker its siblings are sent to, as a steal would copy it. Dask config
-``quiver.spread-siblings: False`` turns it off.
+The rule is :func:`place_ready` (pure): each task that just became ready, in priority order, goes
+where it can start first, counting the work each worker has queued (Dask's occupancy, per
+thread) and the time to move its inputs there (Dask's own estimate: the bytes over the cluster's
+bandwidth); a worker holding its inputs wins a tie, and then Dask places the task itself. It is
+Dask's own objective (``Scheduler.worker_objective``) over every worker instead of only the
+holders, taken when nothing has been sent yet.
 
->>> deps = {"a": {"src"}, "b": {"src"}, "c": {"src"}, "d": {"a"}}
->>> spread(deps, order=["a", "b", "c", "d"], slots=["w1", "w2"])
-{'a': 'w1', 'b': 'w2', 'c': 'w1'}
+The thin part: :class:`SpreadReady`, a ``SchedulerPlugin`` that the run (``pipelines/runner.py``)
+installs with :func:`install` before it submits anything and removes with :func:`remove` when it
+ends. When one of the run's results comes into memory, Dask has already marked the readers it made
+ready and not yet placed them (a plugin's ``transition`` runs first); the plugin gives each task the
+rule sends elsewhere a *loose* restriction to that worker (Dask places it there, runs it elsewhere if
+that worker leaves, and may still steal it). Not placed: training steps (their shared inputs are
+copied by ``graph.sharedcopies`` and packed tasks placed by ``graph.packing.place_packs``); not
+installed for runs under a memory budget (its plan counts one copy of each result) or of Dask
+collections (Dask places partitions). Dask config ``quiver.spread-ready: False`` turns it off.
+
+>>> place_ready([("fit-1", {"a"}, 1.0), ("fit-2", {"a"}, 1.0), ("fit-3", {"a"}, 1.0)],
+...             workers={"a": (0.0, 1), "b": (0.0, 1)})
+{'fit-2': 'b'}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["enabled", "spread"]
+__all__ = ["SpreadReady", "enabled", "install", "place_ready", "remove", "spread_keys"]
 
-_CONFIG = "quiver.spread-siblings"
+logger = logging.getLogger(__name__)
+
+_CONFIG = "quiver.spread-ready"
 
 
-def spread(dependencies: Mapping[str, Iterable[str]], order: Sequence[str], slots: Sequence[str],
-           skip: Iterable[str] = ()) -> dict[str, str]:
-    """``{task: worker}`` for the sibling groups among ``dependencies`` (``{task: its inputs}``):
-    tasks that read exactly the same inputs (at least one), two or more of them. Each group is
-    dealt over ``slots`` (one worker address per worker thread) in ``order`` (the run's priority
-    order: a task not in it comes after those that are, by name), each group starting on the slot
-    after the last one the previous group used, so that the counts stay level over the run.
-    Tasks in ``skip`` are neither placed nor counted. One slot, or none: nothing is placed.
+def place_ready(ready: Sequence[tuple[str, Iterable[str], float]], workers: Mapping[str, tuple[float, int]],
+                move_cost: Callable[[str, str], float] | None = None) -> dict[str, str]:
+    """``{task: worker}`` for the ``ready`` tasks that should start on a worker not holding their
+    inputs. ``ready``: ``(task, the workers holding its inputs, its expected seconds)`` in priority
+    order; ``workers``: ``{worker: (seconds of work it has, threads)}``; ``move_cost(task,
+    worker)``: seconds to bring the task's inputs there (default 0). Each task goes where it can
+    start first (its worker's work per thread, plus the move), a holder on a tie (where Dask sends
+    it itself, unplaced); that worker's work then grows by the task's seconds.
 
-    >>> spread({"x": {"s"}, "y": {"s"}, "z": {"t"}}, order=["y", "x", "z"], slots=["w1", "w2"])
-    {'y': 'w1', 'x': 'w2'}
-    >>> spread({"m1": {"f"}, "m2": {"f"}, "m3": {"f"}, "n1": {"g"}, "n2": {"g"}},
-    ...        order=["m1", "m2", "m3", "n1", "n2"], slots=["a", "b"])
-    {'m1': 'a', 'm2': 'b', 'm3': 'a', 'n1': 'b', 'n2': 'a'}
-    >>> spread({"x": {"s"}, "y": {"s"}}, order=["x", "y"], slots=["only"])
+    >>> place_ready([("m1", {"a"}, 1.0), ("m2", {"a"}, 1.0), ("m3", {"a"}, 1.0)], {"a": (0.0, 1), "b": (0.0, 1)})
+    {'m2': 'b'}
+    >>> place_ready([("m1", {"a"}, 1.0), ("m2", {"a"}, 1.0)], {"a": (0.0, 1), "b": (0.5, 1)},
+    ...             move_cost=lambda task, worker: 2.0)
+    {}
+    >>> place_ready([("m1", {"a", "b"}, 1.0), ("m2", {"a", "b"}, 1.0)], {"a": (0.0, 1), "b": (0.0, 1)})
     {}
     """
-    if len(slots) < 2:
-        return {}
-    skip = set(skip)
-    rank = {k: i for i, k in enumerate(order)}
-    groups: dict[frozenset, list[str]] = {}
-    for key, deps in dependencies.items():
-        deps = frozenset(deps)
-        if deps and key not in skip:
-            groups.setdefault(deps, []).append(key)
+    load = {w: float(work) for w, (work, _) in workers.items()}
+    threads = {w: max(1, int(n)) for w, (_, n) in workers.items()}
     placed: dict[str, str] = {}
-    slot = 0
-    members = [sorted(g, key=lambda k: (k not in rank, rank.get(k, 0), k)) for g in groups.values() if len(g) >= 2]
-    for group in sorted(members, key=lambda g: (g[0] not in rank, rank.get(g[0], 0), g[0])):
-        for key in group:
-            placed[key] = slots[slot % len(slots)]
-            slot += 1
+    for task, holders, seconds in ready:
+        holders = set(holders)
+
+        def start(w: str) -> tuple:
+            moving = 0.0 if w in holders or move_cost is None else move_cost(task, w)
+            return (load[w] / threads[w] + moving, w not in holders, w)
+
+        best = min(load, key=start) if load else None
+        if best is None:
+            break
+        if best not in holders:
+            placed[task] = best
+        load[best] += max(0.0, float(seconds))
     return placed
 
 
 def enabled() -> bool:
-    """Whether runs spread siblings (dask config ``quiver.spread-siblings``, default True); a
-    value that is not a boolean is an error that says how to set it.
+    """Whether runs send ready tasks to idle workers (dask config ``quiver.spread-ready``, default
+    True); a value that is not a boolean is an error that says how to set it.
 
     >>> enabled()
     True
@@ -84,3 +99,118 @@ def enabled() -> bool:
         raise ValueError(f"dask config {_CONFIG} must be True or False, got {value!r}: "
                          f"e.g. dask.config.set({{'{_CONFIG}': False}}) to let Dask place every task")
     return value
+
+
+def spread_keys(compiled: Any) -> set[str]:
+    """The compiled run's tasks the plugin may place: every step task but training steps
+    (:func:`graph.state.machine.runs_iterative`) and packed tasks (placed already)."""
+    from .state.machine import runs_iterative
+
+    graph = getattr(compiled, "graph", {})
+    packed = set(getattr(compiled, "packed", None) or ()) | set(getattr(compiled, "placement", None) or ())
+    return {k for k, t in graph.items() if k not in packed and not runs_iterative(t)}
+
+
+try:  # the plugin's base class; this module's pure rule imports without distributed
+    from distributed.diagnostics.plugin import SchedulerPlugin as _Base
+except ImportError:  # pragma: no cover - distributed is a dependency of every run
+    _Base = object
+
+
+class SpreadReady(_Base):
+    """On the scheduler: when one of ``keys``' inputs comes into memory, the readers it made ready
+    that :func:`place_ready` sends elsewhere get a loose restriction to that worker. ``placed``
+    counts them; :func:`remove` returns it."""
+
+    def __init__(self, name: str, keys: Iterable[str]):
+        self.name = name
+        self.keys = frozenset(keys)
+        self.placed = 0
+        self._scheduler = None
+
+    async def start(self, scheduler) -> None:
+        self._scheduler = scheduler
+
+    def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
+        # called for every transition of every task: return at once unless a result just came
+        # into memory whose readers include this run's tasks
+        if finish != "memory" or self._scheduler is None:
+            return
+        s = self._scheduler
+        ts = s.tasks.get(key)
+        if ts is None or len(ts.dependents) < 2:
+            return
+        ready = sorted((d for d in ts.dependents if d.key in self.keys and d.state == "waiting"
+                        and not d.waiting_on and not d.worker_restrictions), key=lambda d: d.priority)
+        if len(ready) < 2:
+            return
+        from distributed.core import Status
+
+        from .bridge import NAME as BRIDGE  # the user's process while the workers start: never a target
+
+        running = {ws.address: ws for ws in s.workers.values() if ws.status == Status.running and ws.name != BRIDGE}
+        if len(running) < 2:
+            return
+        by_key = {d.key: d for d in ready}
+        work = {addr: (ws.occupancy, ws.nthreads) for addr, ws in running.items()}
+        tasks = [(d.key, {w.address for dep in d.dependencies for w in dep.who_has}, s._get_prefix_duration(d.prefix))
+                 for d in ready]
+
+        def move_cost(task: str, worker: str) -> float:  # Dask's own estimate (bytes over its bandwidth)
+            return s.get_comm_cost(by_key[task], running[worker])
+
+        for task, worker in place_ready(tasks, work, move_cost).items():
+            dts = by_key[task]
+            dts.worker_restrictions = {worker}
+            dts.loose_restrictions = True
+            self.placed += 1
+
+
+def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float = 10.0) -> str | None:
+    """Register a :class:`SpreadReady` for ``compiled`` on ``client``'s scheduler; returns its
+    name (``None``: turned off, a budgeted run or one of Dask collections, nothing to place, or the
+    scheduler did not answer within ``timeout`` s: the run goes on with Dask's placement)."""
+    import time
+
+    from .bounded import within
+
+    if budgeted or not enabled() or getattr(compiled, "has_collections", False):
+        return None
+    keys = spread_keys(compiled)
+    if len(keys) < 2:
+        return None
+    deadline = time.monotonic() + timeout
+    name = f"quiver-spread-{uuid.uuid4().hex[:12]}"
+    try:
+        within(deadline, client.register_plugin, SpreadReady(name, keys), what="installing the ready-task spread")
+    except Exception as exc:  # recorded: placement is only a head start, a run never fails for it
+        logger.info("quiver: ready tasks not spread (%s: %s)", type(exc).__name__, exc)
+        remove(client, name, timeout)  # registered late, after the wait gave up: do not leave it
+        return None
+    return name
+
+
+def remove(client: Any, name: str | None, timeout: float = 10.0) -> int:
+    """Unregister the plugin ``name`` (waiting ``timeout`` s at most); returns how many tasks it
+    placed (0 when nothing was installed or the scheduler did not say)."""
+    if name is None:
+        return 0
+    import time
+
+    from .bounded import within
+
+    deadline = time.monotonic() + timeout
+    try:
+        return within(deadline, client.run_on_scheduler, _remove_on_scheduler, name=name, what="removing the ready-task spread")
+    except Exception as exc:  # recorded: a silent or gone scheduler keeps what it did not take
+        logger.info("quiver: %s: %s", type(exc).__name__, exc)
+        return 0
+
+
+def _remove_on_scheduler(dask_scheduler, name: str) -> int:
+    """On the scheduler, in one event: how many tasks the plugin ``name`` placed, and the plugin removed."""
+    plugin = dask_scheduler.plugins.get(name)
+    if plugin is None:
+        return 0
+    dask_scheduler.remove_plugin(name=name)
+    return int(plugin.placed)

@@ -71,16 +71,18 @@ def run_node(
         timing.begin()
         _ready_cluster(c, compiled, pack, modules)
         timing.imported()
-        from graph import sharedcopies
+        from graph import sharedcopies, spread
         from graph.dashboard.plugin import run_memory
         from graph.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
             takeovers = None
-            copies = None
+            copies = placing = None
             try:
                 # what several training steps read is copied to every worker as soon as it exists
                 copies = sharedcopies.install(c, compiled, budgeted=memory_budget is not None)
+                # a task made ready while its inputs' workers are busy starts on an idle worker
+                placing = spread.install(c, compiled, budgeted=memory_budget is not None)
                 record = execute(
                     compiled,
                     c,
@@ -103,6 +105,7 @@ def run_node(
                 step_warnings = replay(seen, compiled)
                 takeovers = _forget_claims(c, compiled)
                 copied = sharedcopies.remove(c, copies)  # on every path: the plugin lives for one run
+                spread_tasks = spread.remove(c, placing)
         record.stats["time_breakdown"] = timing.finish(compiled)
         record.stats["worker_memory"] = run_memory(c, record.run_id)  # per worker over time (graph.memory.timeline)
         if memory_budget is not None:  # the cluster's total over time, from the same samples (one sampler)
@@ -111,6 +114,7 @@ def run_node(
             record.stats["memory_timeline"] = totals((record.stats["worker_memory"] or {}).get("timeline"))
         # copies of shared inputs asked for ahead of their readers: {key: [worker, ...]}
         record.stats["shared_copies"] = copied
+        record.stats["spread_tasks"] = spread_tasks  # ready tasks sent to idle workers (graph/spread.py)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value

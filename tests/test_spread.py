@@ -1,5 +1,5 @@
-"""Siblings side by side (graph/spread.py): the rule, with literal inputs and hypothesis, and
-its effect on a real 2-worker LocalCluster."""
+"""Ready tasks where they start first (graph/spread.py): the rule, with literal inputs and
+hypothesis, and its effect on a real 2-worker LocalCluster."""
 
 from __future__ import annotations
 
@@ -10,59 +10,84 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.spread import enabled, spread
+from graph.spread import enabled, place_ready, spread_keys
 from pipelines import Pipeline, grid
 from tests import spread_steps
 
 
-def test_a_group_is_dealt_round_robin_in_priority_order():
-    deps = {"scale-a": {"src"}, "scale-b": {"src"}, "pca-a": {"scale-a"}, "pca-b": {"scale-a"},
-            "pca-c": {"scale-b"}, "fit": {"pca-a", "pca-b"}}
-    order = ["scale-a", "pca-a", "pca-b", "scale-b", "pca-c", "fit"]
-    assert spread(deps, order, ["w1", "w2"]) == {"scale-a": "w1", "scale-b": "w2", "pca-a": "w1", "pca-b": "w2"}
-    # one slot per worker thread: a 2-thread worker gets two of every four
-    assert spread({k: {"s"} for k in "abcd"}, list("abcd"), ["x", "x", "y", "y"]) == {
-        "a": "x", "b": "x", "c": "y", "d": "y"}
+def test_ready_siblings_go_where_they_start_first():
+    idle = {"a": (0.0, 1), "b": (0.0, 1)}
+    four = [(f"m{i}", {"a"}, 1.0) for i in range(4)]
+    assert place_ready(four, idle) == {"m1": "b", "m3": "b"}  # a tie stays with the holder (Dask's choice)
+    # the holder is busy for 3 s: the first three go to the other worker, the fourth ties
+    assert place_ready(four, {"a": (3.0, 1), "b": (0.0, 1)}) == {"m0": "b", "m1": "b", "m2": "b"}
+    # threads count: a 2-thread worker takes two for each one of a 1-thread worker
+    assert place_ready(four + [("m4", {"a"}, 1.0), ("m5", {"a"}, 1.0)], {"a": (0.0, 1), "b": (0.0, 2)}) == {
+        "m1": "b", "m2": "b", "m4": "b", "m5": "b"}
 
 
-def test_what_is_never_placed():
-    assert spread({"a": set(), "b": set()}, ["a", "b"], ["w1", "w2"]) == {}  # no input: Dask spreads them
-    assert spread({"a": {"s"}, "b": {"t"}}, ["a", "b"], ["w1", "w2"]) == {}  # no siblings
-    assert spread({"a": {"s"}, "b": {"s"}, "c": {"s"}}, ["a", "b", "c"], ["w1", "w2"], skip={"a", "b"}) == {}
-    assert spread({"a": {"s"}, "b": {"s"}}, ["a", "b"], ["w1"]) == {}  # one worker thread
-    assert spread({"a": {"s"}, "b": {"s"}}, ["a", "b"], []) == {}
+def test_moving_costs_what_dask_says():
+    busy_holder = {"a": (1.0, 1), "b": (0.0, 1)}
+    assert place_ready([("m", {"a"}, 1.0)], busy_holder, move_cost=lambda t, w: 0.5) == {"m": "b"}
+    assert place_ready([("m", {"a"}, 1.0)], busy_holder, move_cost=lambda t, w: 2.0) == {}  # cheaper to wait
+    # inputs on both workers: Dask chooses between them itself
+    assert place_ready([("m", {"a", "b"}, 1.0)], busy_holder) == {}
+    assert place_ready([("m", {"a"}, 1.0)], {"a": (5.0, 1)}) == {}  # one worker
 
 
-def test_the_config_is_checked():
-    with dask.config.set({"quiver.spread-siblings": "no"}):
-        with pytest.raises(ValueError, match="quiver.spread-siblings"):
+def test_what_the_plugin_may_place_and_the_config():
+    from dask.task_spec import Task
+
+    from graph.iterative import iterative_task
+
+    def fit(x, lr):
+        yield {"a": x * lr}
+
+    class Compiled:
+        graph = {"a": Task("a", len, [1]), "b": Task("b", len, [2]), "f": iterative_task(Task("f", fit, 2, lr=0.5)),
+                 "p": Task("p", len, [3])}
+        packed = {"p": ["a"]}
+        placement = {}
+
+    assert spread_keys(Compiled) == {"a", "b"}  # training steps and packed tasks are placed elsewhere
+    with dask.config.set({"quiver.spread-ready": "no"}):
+        with pytest.raises(ValueError, match="quiver.spread-ready"):
             enabled()
-    with dask.config.set({"quiver.spread-siblings": False}):
+    with dask.config.set({"quiver.spread-ready": False}):
         assert enabled() is False
 
 
-_keys = st.text("abcdefgh", min_size=1, max_size=3)
+_workers = st.dictionaries(st.sampled_from(["w1", "w2", "w3"]),
+                           st.tuples(st.floats(0, 5), st.integers(1, 3)), min_size=1, max_size=3)
 
 
 @settings(max_examples=200, deadline=None)
-@given(deps=st.dictionaries(_keys, st.frozensets(st.sampled_from("stuv"), max_size=2), max_size=14),
-       slots=st.lists(st.sampled_from(["w1", "w2", "w3"]), min_size=0, max_size=5),
-       skip=st.frozensets(_keys, max_size=4), data=st.data())
-def test_spread_properties(deps, slots, skip, data):
-    order = data.draw(st.permutations(sorted(deps)))
-    placed = spread(deps, order, slots, skip=skip)
-    assert placed == spread(deps, order, slots, skip=skip)  # deterministic
-    if len(slots) < 2:
+@given(workers=_workers, data=st.data())
+def test_place_ready_properties(workers, data):
+    names = sorted(workers)
+    ready = data.draw(st.lists(st.tuples(st.text("abcdef", min_size=1, max_size=2),
+                                         st.frozensets(st.sampled_from(names), min_size=1),
+                                         st.floats(0, 3)), max_size=10, unique_by=lambda t: t[0]))
+    cost = data.draw(st.floats(0, 2))
+    placed = place_ready(ready, workers, move_cost=lambda t, w: cost)
+    assert placed == place_ready(ready, workers, move_cost=lambda t, w: cost)  # deterministic
+    holders = {t: h for t, h, _ in ready}
+    for task, worker in placed.items():
+        assert worker in workers and worker not in holders[task]  # only moves, never to a holder
+    if len(workers) == 1:
         assert placed == {}
-        return
-    for key, worker in placed.items():
-        assert worker in slots and key not in skip and deps[key]
-        assert sum(1 for k, d in deps.items() if d == deps[key] and k not in skip) >= 2  # a sibling
-    # every sibling group (two or more not skipped) is placed whole
-    groups = Counter(frozenset(d) for k, d in deps.items() if d and k not in skip)
-    assert set(placed) == {k for k, d in deps.items() if d and k not in skip and groups[frozenset(d)] >= 2}
-    # the slots are used in turn over the whole submission, as if one list were dealt
-    assert Counter(placed.values()) == Counter(slots[i % len(slots)] for i in range(len(placed)))
+    everywhere = [(t, frozenset(names), s) for t, _, s in ready]
+    assert place_ready(everywhere, workers) == {}  # inputs everywhere: Dask's own choice
+    # the start-first rule: a moved task could not have started sooner on any holder
+    load = {w: work for w, (work, _) in workers.items()}
+    threads = {w: n for w, (_, n) in workers.items()}
+    for task, held_by, seconds in ready:
+        where = placed.get(task)
+        if where is not None:
+            assert load[where] / threads[where] + cost < min(load[h] / threads[h] for h in held_by)
+        else:
+            where = min(held_by, key=lambda h: (load[h] / threads[h], h))
+        load[where] += seconds
 
 
 def _siblings(n: int = 4):
@@ -72,9 +97,9 @@ def _siblings(n: int = 4):
 
 def test_siblings_start_side_by_side_on_a_real_cluster(client):
     # the four siblings read one input, which one worker computed: Dask alone sends all four
-    # there and waits for work stealing; spread, two start at once, one on each worker
+    # there and waits for work stealing; here two of them start at once on the other worker's thread
     r = _siblings().run(client=client, quiet=True, progress=False)
-    assert r.stats["spread_tasks"] == 4, r.stats
+    assert r.stats["spread_tasks"] == 2, r.stats
     workers = Counter(v["worker"] for v in r.values)
     assert sorted(workers.values()) == [2, 2], workers
     first = sorted(r.values, key=lambda v: v["start"])[:2]
@@ -84,7 +109,7 @@ def test_siblings_start_side_by_side_on_a_real_cluster(client):
 
 
 def test_no_spread_when_turned_off_or_under_a_budget(client):
-    with dask.config.set({"quiver.spread-siblings": False}):
+    with dask.config.set({"quiver.spread-ready": False}):
         assert _siblings(2).run(client=client, quiet=True, progress=False).stats["spread_tasks"] == 0
     budgeted = _siblings(2).run(client=client, quiet=True, progress=False, memory_budget="8 GiB")
     assert budgeted.stats["spread_tasks"] == 0  # the memory plan counts one copy of each result

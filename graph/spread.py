@@ -26,7 +26,9 @@ ends. When one of the run's results comes into memory, Dask has already marked t
 ready and not yet placed them (a plugin's ``transition`` runs first); the plugin gives each task the
 rule sends elsewhere a *loose* restriction to that worker (Dask places it there, runs it elsewhere if
 that worker leaves, and may still steal it). Not placed: training steps (their shared inputs are
-copied by ``graph.sharedcopies`` and packed tasks placed by ``graph.packing.place_packs``); not
+copied by ``graph.sharedcopies`` and packed tasks placed by ``graph.packing.place_packs``);
+nothing while a new cluster's bridge is in (``graph.bridge``: a step holding the GIL in the
+user's process holds up every transfer from it, and the bridge's hand-over decides); not
 installed for runs under a memory budget (its plan counts one copy of each result) or of Dask
 collections (Dask places partitions). Dask config ``quiver.spread-ready: False`` turns it off.
 
@@ -146,9 +148,14 @@ class SpreadReady(_Base):
             return
         from distributed.core import Status
 
-        from .bridge import NAME as BRIDGE  # the user's process while the workers start: never a target
+        from .bridge import NAME as BRIDGE
 
-        running = {ws.address: ws for ws in s.workers.values() if ws.status == Status.running and ws.name != BRIDGE}
+        if any(ws.name == BRIDGE for ws in s.workers.values()):
+            # the user's process works while the workers start, and a step holding the GIL there
+            # holds up the scheduler and every transfer from it: Dask's placement and the bridge's
+            # hand-over (graph/bridge.py) decide until it has gone (measured: 0.2 s slower first calls)
+            return
+        running = {ws.address: ws for ws in s.workers.values() if ws.status == Status.running}
         if len(running) < 2:
             return
         by_key = {d.key: d for d in ready}

@@ -133,10 +133,8 @@ class Bridge:
             self._attached.set()
 
     async def _start_worker(self) -> Any:
-        from distributed import Worker
-
-        return await Worker(self.cluster.scheduler_address, nthreads=1, name=NAME, memory_limit=0,
-                            dashboard=False)
+        return await _worker_class()(self.cluster.scheduler_address, nthreads=1, name=NAME, memory_limit=0,
+                                     dashboard=False)
 
     # -- the retirement, in the start's thread -----------------------------------------------
     def _retire(self) -> None:
@@ -168,6 +166,9 @@ class Bridge:
         # ... and the scheduler knows its results are here before Dask moves what only the bridge holds
         while time.monotonic() < deadline and not _all_known(scheduler, worker):
             await asyncio.sleep(0.005)
+        # no heartbeat from here on: one in flight while the scheduler removes it, or while it
+        # closes, logs an error (Dask's "Unexpected exception during heartbeat") in the user's output
+        await worker.stop_heartbeats(timeout=max(0.0, deadline - time.monotonic()))
         # what Worker.close_gracefully does, with this process's worker closed here, not by the scheduler
         await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=True,
                                        stimulus_id=f"quiver-bridge-retire-{time.time()}")
@@ -186,6 +187,46 @@ class Bridge:
             self._thread.join(timeout)
         else:
             self._gone.wait(timeout)
+
+
+_WORKER_CLASS: Any = None
+
+
+def _worker_class() -> Any:
+    """Dask's ``Worker`` with a heartbeat that can be stopped for good, waiting for one in flight
+    (made once: ``distributed`` is imported only when a bridge starts)."""
+    global _WORKER_CLASS
+    if _WORKER_CLASS is None:
+        from distributed import Worker
+
+        class BridgeWorker(Worker):
+            """The bridge's worker: :meth:`stop_heartbeats` before it retires."""
+
+            _beat_idle: asyncio.Event | None = None
+            _beats_stopped = False
+
+            async def heartbeat(self) -> None:
+                if self._beats_stopped:
+                    return
+                if self._beat_idle is None:
+                    self._beat_idle = asyncio.Event()
+                self._beat_idle.clear()
+                try:
+                    await super().heartbeat()
+                finally:
+                    self._beat_idle.set()
+
+            async def stop_heartbeats(self, timeout: float) -> None:
+                self._beats_stopped = True
+                self.periodic_callbacks["heartbeat"].stop()
+                if self._beat_idle is not None and not self._beat_idle.is_set():
+                    try:
+                        await asyncio.wait_for(self._beat_idle.wait(), timeout)
+                    except asyncio.TimeoutError:  # logged: the retirement goes on; Dask may log the late beat
+                        logger.debug("quiver: the bridge's last heartbeat did not end within %.1f s", timeout)
+
+        _WORKER_CLASS = BridgeWorker
+    return _WORKER_CLASS
 
 
 def _hand_over_queued(scheduler: Any, worker: Any) -> None:

@@ -23,7 +23,9 @@ holders, taken when nothing has been sent yet.
 The thin part: :class:`SpreadReady`, a ``SchedulerPlugin`` that the run (``pipelines/runner.py``)
 installs with :func:`install` before it submits anything and removes with :func:`remove` when it
 ends. When one of the run's results comes into memory, Dask has already marked the readers it made
-ready and not yet placed them (a plugin's ``transition`` runs first); the plugin gives each task the
+ready and not yet placed them (a plugin's ``transition`` runs first), and when a submission's tasks
+read only results in memory (a stage after a choose), Dask has not yet made them ready (a plugin's
+``update_graph`` runs first); the plugin gives each task the
 rule sends elsewhere a *loose* restriction to that worker (Dask places it there, runs it elsewhere if
 that worker leaves, and may still steal it). Not placed: training steps (their shared inputs are
 copied by ``graph.sharedcopies`` and packed tasks placed by ``graph.packing.place_packs``);
@@ -135,21 +137,33 @@ class SpreadReady(_Base):
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task: return at once unless a result just came
-        # into memory whose readers include this run's tasks
+        # into memory whose readers include this run's tasks (Dask marked them ready, not placed)
         if finish != "memory" or self._scheduler is None:
             return
-        s = self._scheduler
-        ts = s.tasks.get(key)
+        ts = self._scheduler.tasks.get(key)
         if ts is None or len(ts.dependents) < 2:
             return
-        ready = sorted((d for d in ts.dependents if d.key in self.keys and d.state == "waiting"
-                        and not d.waiting_on and not d.worker_restrictions), key=lambda d: d.priority)
+        self._place([d for d in ts.dependents if d.key in self.keys and d.state == "waiting" and not d.waiting_on])
+
+    def update_graph(self, scheduler, *args, tasks=None, **kwargs: Any) -> None:
+        # a submission whose tasks read only results in memory (a stage after a choose): called
+        # before Dask makes them ready and places them
+        if self._scheduler is None:
+            self._scheduler = scheduler
+        found = (scheduler.tasks.get(k) for k in (tasks or ()) if k in self.keys)
+        self._place([t for t in found if t is not None and t.state == "released" and t.dependencies
+                     and all(d.state == "memory" for d in t.dependencies)])
+
+    def _place(self, ready: list) -> None:
+        """Restrict the ``ready`` tasks that :func:`place_ready` sends away from their inputs."""
+        ready = sorted((d for d in ready if not d.worker_restrictions), key=lambda d: d.priority)
         if len(ready) < 2:
             return
         from distributed.core import Status
 
         from .bridge import NAME as BRIDGE
 
+        s = self._scheduler
         if any(ws.name == BRIDGE for ws in s.workers.values()):
             # the user's process works while the workers start, and a step holding the GIL there
             # holds up the scheduler and every transfer from it: Dask's placement and the bridge's

@@ -108,6 +108,22 @@ def test_siblings_start_side_by_side_on_a_real_cluster(client):
     assert r.stats["executed_tasks"] == 5  # placed, not copied: every step ran once
 
 
+def test_a_stage_after_a_choose_starts_side_by_side(client):
+    # the second stage's four steps read the chosen value, held on one worker when they are
+    # submitted: Dask alone queues them all there
+    node = (Pipeline("stage").source(spread_steps.source, seed=1)
+            .explore("a", grid(spread_steps.sibling, a=[0, 1], seconds=[0.01]))
+            .choose("m", k=1, mode="max")
+            .explore("b", grid(spread_steps.after, b=list(range(4)))))
+    r = node.run(client=client, quiet=True, progress=False)
+    assert [v["n"] for v in r.values] == [2.0, 3.0, 4.0, 5.0]
+    workers = Counter(v["worker"] for v in r.values)
+    assert sorted(workers.values()) == [2, 2], workers
+    first = sorted(r.values, key=lambda v: v["start"])[:2]
+    assert first[0]["worker"] != first[1]["worker"] and first[1]["start"] < first[0]["end"]
+    assert r.stats["spread_tasks"] >= 2, r.stats
+
+
 def test_no_spread_when_turned_off_or_under_a_budget(client):
     with dask.config.set({"quiver.spread-ready": False}):
         assert _siblings(2).run(client=client, quiet=True, progress=False).stats["spread_tasks"] == 0

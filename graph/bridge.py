@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .options import config_flag
+
 __all__ = ["Bridge", "eligible", "enabled", "settle"]
 
 logger = logging.getLogger(__name__)
@@ -53,13 +55,7 @@ _NOT_BRIDGED = ("torch", "gpu", "tensorflow", "jax", "cupy")
 
 def enabled() -> bool:
     """dask config ``quiver.embedded-cluster.bridge`` (default ``True``)."""
-    import dask
-
-    value = dask.config.get(_CONFIG, default=True)
-    if not isinstance(value, bool):
-        raise ValueError(f"dask config {_CONFIG!r} = {value!r}: give true (the user's process computes while a "
-                         f"new embedded cluster's workers start) or false")
-    return value
+    return config_flag(_CONFIG, "the user's process computes while a new embedded cluster's workers start")
 
 
 def eligible(graph: Mapping[str, Any], collections: bool, modules: Iterable[str]) -> bool:

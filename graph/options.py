@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import PipelineError
 
-__all__ = ["ORDERS", "RunOptions", "check_options"]
+__all__ = ["ORDERS", "RunOptions", "check_options", "config_flag"]
 
 #: ``order``: Quiver's depth-first priorities, or Dask's own ordering (for comparison)
 ORDERS = ("depth-first", "dask")
@@ -112,3 +112,19 @@ def _bytes(value: Any, what: str) -> int | None:
         return parse_bytes(value, what)
     except ValueError as exc:
         raise PipelineError(str(exc)) from None
+
+
+def config_flag(name: str, meaning: str) -> bool:
+    """The boolean dask config ``name`` (default ``True``, ``meaning`` what ``True`` does); any
+    other value is an error that names it and says how to set it.
+
+    >>> config_flag("quiver.no-such-flag", "an example")
+    True
+    """
+    import dask
+
+    value = dask.config.get(name, default=True)
+    if not isinstance(value, bool):
+        raise ValueError(f"dask config {name} must be True or False (True: {meaning}), got {value!r}: "
+                         f"e.g. dask.config.set({{'{name}': False}}) to turn it off")
+    return value

@@ -28,10 +28,14 @@ ends, on every path, with bounded waits.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import runplugins
+from .bounded import within
+from .runplugins import RunPlugin
 from .state.machine import runs_iterative
 
 __all__ = ["COPY_STIMULUS", "CopyShared", "copy_targets", "install", "remove", "shared_inputs", "training_keys"]
@@ -91,25 +95,18 @@ def training_keys(compiled: Any) -> set[str]:
     return found | set(getattr(compiled, "packed", None) or ())
 
 
-try:  # the plugin's base class; this module's pure rules import without distributed
-    from distributed.diagnostics.plugin import SchedulerPlugin as _Base
-except ImportError:  # pragma: no cover - distributed is a dependency of every run
-    _Base = object
-
-
-class CopyShared(_Base):
+class CopyShared(RunPlugin):
     """On the scheduler: asks the other workers to fetch each of one run's shared inputs (``shared``:
     ``{key: readers}``, :func:`shared_inputs`) the moment it is in memory, once per key. Records
     the copies asked for in ``requested`` (``{key: [worker, ...]}``), which :func:`remove` returns."""
 
     def __init__(self, name: str, shared: Mapping[str, int]):
-        self.name = name
+        super().__init__(name)
         self.shared = dict(shared)
         self.requested: dict[str, list[str]] = {}
-        self._scheduler = None
 
-    async def start(self, scheduler) -> None:
-        self._scheduler = scheduler
+    def outcome(self) -> dict[str, list[str]]:
+        return dict(self.requested)
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task: return at once unless a shared input just
@@ -148,10 +145,6 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     ``training``: the readers that count (default :func:`training_keys`; a benchmark measuring
     copies ahead of any step passes every key). ``dask config quiver.shared-copies: False`` turns
     it off."""
-    import time
-
-    from .bounded import within
-
     import dask
 
     if not dask.config.get("quiver.shared-copies", default=True):
@@ -160,39 +153,17 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     if not shared:
         return None
     deadline = time.monotonic() + timeout
-    name = f"quiver-copies-{uuid.uuid4().hex[:12]}"
     try:
         if len(within(deadline, client.nthreads, what="counting the workers")) < 2:
             return None
-        within(deadline, client.register_plugin, CopyShared(name, shared), what="installing the shared copies")
     except Exception as exc:  # recorded: the copies are only a head start, a run never fails for them
         logger.info("quiver: shared inputs not copied ahead (%s: %s)", type(exc).__name__, exc)
-        remove(client, name, timeout)  # registered late, after the wait gave up: do not leave it
         return None
-    return name
+    return runplugins.install(client, CopyShared(runplugins.plugin_name("quiver-copies"), shared),
+                              max(0.0, deadline - time.monotonic()), "the shared copies")
 
 
 def remove(client: Any, name: str | None, timeout: float = 10.0) -> dict[str, list[str]]:
     """Unregister the plugin ``name`` (waiting ``timeout`` s at most in all); returns the copies it
     asked for (``{key: workers}``; ``{}`` when nothing was installed or the scheduler did not say)."""
-    if name is None:
-        return {}
-    import time
-
-    from .bounded import within
-
-    deadline = time.monotonic() + timeout
-    try:
-        return within(deadline, client.run_on_scheduler, _remove_on_scheduler, name=name, what="removing the shared copies")
-    except Exception as exc:  # recorded: a silent or gone scheduler keeps what it did not take
-        logger.info("quiver: %s: %s", type(exc).__name__, exc)
-        return {}
-
-
-def _remove_on_scheduler(dask_scheduler, name: str) -> dict[str, list[str]]:
-    """On the scheduler, in one event: what the plugin ``name`` asked for, and the plugin removed."""
-    plugin = dask_scheduler.plugins.get(name)
-    if plugin is None:
-        return {}
-    dask_scheduler.remove_plugin(name=name)
-    return dict(plugin.requested)
+    return runplugins.remove(client, name, {}, timeout, "the shared copies")

@@ -41,14 +41,14 @@ collections (Dask places partitions). Dask config ``quiver.spread-ready: False``
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SpreadReady", "enabled", "install", "place_ready", "remove", "spread_keys"]
+from . import runplugins
+from .options import config_flag
+from .runplugins import RunPlugin
 
-logger = logging.getLogger(__name__)
+__all__ = ["SpreadReady", "enabled", "install", "place_ready", "remove", "spread_keys"]
 
 _CONFIG = "quiver.spread-ready"
 
@@ -73,6 +73,8 @@ def place_ready(ready: Sequence[tuple[str, Iterable[str], float]], workers: Mapp
     load = {w: float(work) for w, (work, _) in workers.items()}
     threads = {w: max(1, int(n)) for w, (_, n) in workers.items()}
     placed: dict[str, str] = {}
+    if not load:
+        return placed
     for task, holders, seconds in ready:
         holders = set(holders)
 
@@ -80,9 +82,7 @@ def place_ready(ready: Sequence[tuple[str, Iterable[str], float]], workers: Mapp
             moving = 0.0 if w in holders or move_cost is None else move_cost(task, w)
             return (load[w] / threads[w] + moving, w not in holders, w)
 
-        best = min(load, key=start) if load else None
-        if best is None:
-            break
+        best = min(load, key=start)
         if best not in holders:
             placed[task] = best
         load[best] += max(0.0, float(seconds))
@@ -96,13 +96,7 @@ def enabled() -> bool:
     >>> enabled()
     True
     """
-    import dask
-
-    value = dask.config.get(_CONFIG, default=True)
-    if not isinstance(value, bool):
-        raise ValueError(f"dask config {_CONFIG} must be True or False, got {value!r}: "
-                         f"e.g. dask.config.set({{'{_CONFIG}': False}}) to let Dask place every task")
-    return value
+    return config_flag(_CONFIG, "a ready task whose inputs' worker is busy may start on another")
 
 
 def spread_keys(compiled: Any) -> set[str]:
@@ -115,25 +109,18 @@ def spread_keys(compiled: Any) -> set[str]:
     return {k for k, t in graph.items() if k not in packed and not runs_iterative(t)}
 
 
-try:  # the plugin's base class; this module's pure rule imports without distributed
-    from distributed.diagnostics.plugin import SchedulerPlugin as _Base
-except ImportError:  # pragma: no cover - distributed is a dependency of every run
-    _Base = object
-
-
-class SpreadReady(_Base):
+class SpreadReady(RunPlugin):
     """On the scheduler: when one of ``keys``' inputs comes into memory, the readers it made ready
     that :func:`place_ready` sends elsewhere get a loose restriction to that worker. ``placed``
     counts them; :func:`remove` returns it."""
 
     def __init__(self, name: str, keys: Iterable[str]):
-        self.name = name
+        super().__init__(name)
         self.keys = frozenset(keys)
         self.placed = 0
-        self._scheduler = None
 
-    async def start(self, scheduler) -> None:
-        self._scheduler = scheduler
+    def outcome(self) -> int:
+        return self.placed
 
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task: return at once unless a result just came
@@ -191,47 +178,16 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     """Register a :class:`SpreadReady` for ``compiled`` on ``client``'s scheduler; returns its
     name (``None``: turned off, a budgeted run or one of Dask collections, nothing to place, or the
     scheduler did not answer within ``timeout`` s: the run goes on with Dask's placement)."""
-    import time
-
-    from .bounded import within
-
     if budgeted or not enabled() or getattr(compiled, "has_collections", False):
         return None
     keys = spread_keys(compiled)
     if len(keys) < 2:
         return None
-    deadline = time.monotonic() + timeout
-    name = f"quiver-spread-{uuid.uuid4().hex[:12]}"
-    try:
-        within(deadline, client.register_plugin, SpreadReady(name, keys), what="installing the ready-task spread")
-    except Exception as exc:  # recorded: placement is only a head start, a run never fails for it
-        logger.info("quiver: ready tasks not spread (%s: %s)", type(exc).__name__, exc)
-        remove(client, name, timeout)  # registered late, after the wait gave up: do not leave it
-        return None
-    return name
+    return runplugins.install(client, SpreadReady(runplugins.plugin_name("quiver-spread"), keys), timeout,
+                              "the ready-task spread")
 
 
 def remove(client: Any, name: str | None, timeout: float = 10.0) -> int:
     """Unregister the plugin ``name`` (waiting ``timeout`` s at most); returns how many tasks it
     placed (0 when nothing was installed or the scheduler did not say)."""
-    if name is None:
-        return 0
-    import time
-
-    from .bounded import within
-
-    deadline = time.monotonic() + timeout
-    try:
-        return within(deadline, client.run_on_scheduler, _remove_on_scheduler, name=name, what="removing the ready-task spread")
-    except Exception as exc:  # recorded: a silent or gone scheduler keeps what it did not take
-        logger.info("quiver: %s: %s", type(exc).__name__, exc)
-        return 0
-
-
-def _remove_on_scheduler(dask_scheduler, name: str) -> int:
-    """On the scheduler, in one event: how many tasks the plugin ``name`` placed, and the plugin removed."""
-    plugin = dask_scheduler.plugins.get(name)
-    if plugin is None:
-        return 0
-    dask_scheduler.remove_plugin(name=name)
-    return int(plugin.placed)
+    return runplugins.remove(client, name, 0, timeout, "the ready-task spread")

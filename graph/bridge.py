@@ -11,8 +11,11 @@ registered:
 1. the bridge's status goes to Dask's ``closing_gracefully`` (the scheduler gives it no more
    tasks; those queued on it, not started, go to the workers);
 2. the task it is running finishes and the scheduler hears of its result;
-3. Dask's ``Scheduler.retire_workers`` copies what only the bridge holds to a worker and closes
-   it.
+3. Dask's ``Scheduler.retire_workers`` copies what only the bridge holds to a worker;
+4. the bridge serves the requests for its data until none has come for a moment, then answers
+   them ``busy`` (Dask's reply when a worker has too many transfers: the asker takes another
+   holder) until none has come again, and only then leaves the scheduler and, shortly after,
+   closes: no fetch from it is cut off.
 
 No task runs twice (a started task is never handed elsewhere), and a kept cluster
 (:mod:`graph.embedded`) never has the bridge: reusing or closing one first waits for its
@@ -49,6 +52,11 @@ logger = logging.getLogger(__name__)
 
 _CONFIG = "quiver.embedded-cluster.bridge"
 NAME = "quiver-bridge"
+#: seconds without a request for its data that end each phase of the retiring bridge's drain
+#: (:meth:`BridgeWorker.drain`), and at most this long waiting for such a pause, per phase
+DRAIN_QUIET, DRAIN_LIMIT = 0.1, 1.0
+#: seconds the bridge still serves its data after it has left the scheduler, before it closes
+CLOSE_GRACE = 0.5
 #: libraries whose steps keep state per process or hold the GIL for long (training): never bridged
 _NOT_BRIDGED = ("torch", "gpu", "tensorflow", "jax", "cupy")
 
@@ -165,11 +173,19 @@ class Bridge:
         # no heartbeat from here on: one in flight while the scheduler removes it, or while it
         # closes, logs an error (Dask's "Unexpected exception during heartbeat") in the user's output
         await worker.stop_heartbeats(timeout=max(0.0, deadline - time.monotonic()))
-        # what Worker.close_gracefully does, with this process's worker closed here, not by the scheduler
-        await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=True,
-                                       stimulus_id=f"quiver-bridge-retire-{time.time()}")
+        # what Worker.close_gracefully does (Dask copies what only the bridge holds to a worker), in
+        # three steps, so that no worker or client is fetching from it when it goes: each one that
+        # was, when Dask removed it at once, logged "Worker stream died during communication" with
+        # a traceback into the user's output (5 of 30 digits first calls), and a fetch that found
+        # its port closed is retried by Dask for its 30 s connect timeout
+        stimulus = f"quiver-bridge-retire-{time.time()}"
+        await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=False,
+                                       stimulus_id=stimulus)
+        await worker.drain(quiet=DRAIN_QUIET, limit=min(DRAIN_LIMIT, max(0.0, deadline - time.monotonic())))
+        await scheduler.remove_worker(worker.address, expected=True, close=False, stimulus_id=stimulus)
         self._gone.set()  # the cluster is its workers alone: a next run need not wait for the close below
-        await asyncio.sleep(0.1)  # the scheduler's own status message reaches it before it closes
+        # a fetch begun before the others heard of the removal gets its answer, not a closed port
+        await asyncio.sleep(CLOSE_GRACE)
         await worker.close(nanny=False, reason="quiver-bridge-retired")
 
     # -- waiting for it ----------------------------------------------------------------------
@@ -189,14 +205,15 @@ _WORKER_CLASS: Any = None
 
 
 def _worker_class() -> Any:
-    """Dask's ``Worker`` with a heartbeat that can be stopped for good, waiting for one in flight
-    (made once: ``distributed`` is imported only when a bridge starts)."""
+    """Dask's ``Worker`` with a heartbeat that can be stopped for good, waiting for one in flight,
+    and a :meth:`drain` of the requests for its data before it leaves (made once: ``distributed`` is
+    imported only when a bridge starts)."""
     global _WORKER_CLASS
     if _WORKER_CLASS is None:
         from distributed import Worker
 
         class BridgeWorker(Worker):
-            """The bridge's worker: :meth:`stop_heartbeats` before it retires."""
+            """The bridge's worker: :meth:`stop_heartbeats` and :meth:`drain` before it retires."""
 
             _beat_idle: asyncio.Event | None = None
             _beats_stopped = False
@@ -211,6 +228,26 @@ def _worker_class() -> Any:
                     await super().heartbeat()
                 finally:
                     self._beat_idle.set()
+
+            _last_request = 0.0
+
+            async def get_data(self, comm, keys, who=None, serializers=None):
+                self._last_request = time.monotonic()
+                return await super().get_data(comm, keys, who=who, serializers=serializers)
+
+            async def drain(self, quiet: float, limit: float) -> None:
+                """Let the requests for its data end before it leaves: first it serves them until
+                none is in progress and none came for ``quiet`` s (a worker that knows only the bridge
+                holds a key gets it), then it answers each one ``busy`` (Dask's own reply when a worker
+                has too many transfers: the asker takes another holder at once, without an error)
+                until none came for ``quiet`` s again; each phase ``limit`` s at most."""
+                for busy in (False, True):
+                    if busy:
+                        self.transfer_outgoing_count_limit = 0
+                    end = time.monotonic() + limit
+                    while time.monotonic() < end and (self.transfer_outgoing_count
+                                                      or time.monotonic() - self._last_request < quiet):
+                        await asyncio.sleep(0.01)
 
             async def stop_heartbeats(self, timeout: float) -> None:
                 self._beats_stopped = True

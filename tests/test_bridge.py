@@ -120,3 +120,39 @@ def test_a_start_retried_with_spawn_replaces_the_first_workers(monkeypatch):
             assert {psutil.Process(pid).ppid() for pid in pids} == {os.getpid()}
         finally:
             embedded.close_kept()
+
+
+def test_a_retiring_bridge_serves_its_data_then_answers_busy():
+    # the drain before the bridge leaves the scheduler (graph/bridge.py): while workers keep
+    # asking for its data it waits; asked during the first phase it serves the data, and once it
+    # has drained it answers Dask's "busy" (the asker takes another holder), never an error
+    import asyncio
+    import time
+
+    from distributed import Scheduler
+    from distributed.worker import get_data_from_worker
+
+    from graph.bridge import _worker_class
+
+    async def main():
+        async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
+            async with _worker_class()(s.address, nthreads=1, memory_limit=0, dashboard=False) as w:
+                w.update_data({"x": 123})
+                served = [await get_data_from_worker(w.rpc, ["x"], w.address)]  # Dask's copy, say
+                t0 = time.monotonic()
+                drain = asyncio.create_task(w.drain(quiet=0.2, limit=5.0))
+                for _ in range(6):  # a request every 0.05 s for 0.3 s: the drain must not end meanwhile
+                    await asyncio.sleep(0.05)
+                    asked = time.monotonic() - t0  # the last request is sent after this
+                    served.append(await get_data_from_worker(w.rpc, ["x"], w.address))
+                assert not drain.done()
+                await drain
+                took = time.monotonic() - t0
+                after = await get_data_from_worker(w.rpc, ["x"], w.address)
+                return served, asked, took, after
+
+    served, asked, took, after = asyncio.run(main())
+    assert all(r["status"] == "OK" and r["data"] == {"x": 123} for r in served), served  # first phase: served
+    assert took >= asked + 0.2  # it waited for a pause after the last request
+    assert took < 5.0
+    assert after == {"status": "busy"}

@@ -77,6 +77,7 @@ def test_a_second_run_and_fit_reuse_the_workers_and_exit_leaves_none():
     assert first["pids"] == second["pids"] == fit["pids"] and len(first["pids"]) == 2  # the same worker processes
     assert out.stderr.count("Invalid Worker.status") == 0  # the bridge's retirement is quiet
     assert "during heartbeat" not in out.stderr, out.stderr[-3000:]  # no heartbeat raced its close
+    assert "Worker stream died" not in out.stderr, out.stderr[-3000:]  # no fetch from it was cut off
     assert first["value"] == second["value"] == 3
     assert _gone(first["pids"]), f"worker processes {first['pids']} outlived the script"
 

@@ -53,6 +53,7 @@ import argparse
 import json
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,11 +142,17 @@ def _sk_search(S, spec, load, memory: bool, dask_ml: bool):
         search.fit(X, y)
         res = search.cv_results_  # dask-ml has no best_params_ with refit=False
         i = int(np.argmax(res["mean_test_score"]))
-        best = clone(pipe).set_params(memory=None, **res["params"][i])  # the test step: refit on train, score on test
+        # the test step: refit on train, score on test; with memory, through the same cache, as an
+        # expert would (the fold's training rows are X_train: the scaler and feature fits are hits)
+        best = clone(pipe).set_params(**res["params"][i])
         best.fit(data["X_train"], data["y_train"])
+        if cache:
+            state.setdefault("caches", []).append(cache)
         return {"score": float(res["mean_test_score"][i]), "test": float(best.score(data["X_test"], data["y_test"]))}
 
     def close():
+        for cache in state.get("caches", ()):
+            shutil.rmtree(cache, ignore_errors=True)
         if "client" in state:
             state["client"].close()
             state["cluster"].close()
@@ -167,6 +174,7 @@ def _dask_compute(S, spec, load):
             scaled = dask.delayed(S.scale, pure=True)(data, kind=s)
             feats = dask.delayed(S.STEPS[fk], pure=True)(scaled, k=fv)
             fits.append(dask.delayed(S.STEPS[mk], pure=True)(feats, **{arg[mk]: mv}))
+        fits = dask.persist(*fits)  # kept on the cluster: the test step reads the chosen fit, not a recomputed one
         accs = dask.compute(*[dask.delayed(lambda f: f["accuracy"], pure=True)(f) for f in fits])
         best = max(range(len(accs)), key=accs.__getitem__)
         test = dask.delayed(S.test_accuracy, pure=True)(fits[best]).compute()

@@ -93,6 +93,7 @@ class Bridge:
         self._handed = threading.Event()
         self._attached = threading.Event()
         self._gone = threading.Event()  # the scheduler has no bridge any more (or never will have)
+        self._closing = threading.Event()  # the cluster is closing: the retirement need not linger
         self._thread: threading.Thread | None = None
 
     # -- the start, in its own thread ------------------------------------------------------
@@ -185,7 +186,10 @@ class Bridge:
         await scheduler.remove_worker(worker.address, expected=True, close=False, stimulus_id=stimulus)
         self._gone.set()  # the cluster is its workers alone: a next run need not wait for the close below
         # a fetch begun before the others heard of the removal gets its answer, not a closed port
-        await asyncio.sleep(CLOSE_GRACE)
+        # (no wait when the cluster itself is closing: nobody fetches then)
+        end = time.monotonic() + CLOSE_GRACE
+        while time.monotonic() < end and not self._closing.is_set():
+            await asyncio.sleep(0.01)
         await worker.close(nanny=False, reason="quiver-bridge-retired")
 
     # -- waiting for it ----------------------------------------------------------------------
@@ -196,6 +200,7 @@ class Bridge:
             return
         timeout = self.timeout if timeout is None else timeout
         if closed:
+            self._closing.set()
             self._thread.join(timeout)
         else:
             self._gone.wait(timeout)

@@ -209,3 +209,39 @@ def test_a_budget_with_no_room_for_results_names_what_the_idle_workers_imported(
     msg = str(err.value)
     assert "leaves no room for results" in msg and "Raise memory_budget or use fewer workers." in msg
     assert "The idle workers had imported" in msg and "pandas" in msg.split("The idle workers had imported")[1]
+
+
+
+def test_a_worker_leaving_while_the_budget_reads_the_workers_is_waited_for():
+    # seen in CI: both workers' nannies restarted them (for memory an earlier run left) just as
+    # the next budgeted run read the workers' memory, and Dask's CommClosedError ended that run.
+    # The reading's outcomes, in order, as the cluster gave them there: a closed connection, then
+    # both workers (one of them new)
+    from distributed.comm.core import CommClosedError
+
+    from graph.memory.budget import _read_idle
+
+    class Cluster:
+        def __init__(self, outcomes):
+            self.outcomes, self.waited = list(outcomes), []
+
+        def scheduler_info(self):
+            return {"workers": {"a": {}, "b": {}}}
+
+        def run(self, function):
+            out = self.outcomes.pop(0)
+            if isinstance(out, Exception):
+                raise out
+            return out
+
+        def wait_for_workers(self, n, timeout):
+            self.waited.append(n)
+
+    c = Cluster([CommClosedError("in <TCP (closed) Scheduler Broadcast>: Stream is closed"),
+                 {"a": 300, "c": 310}])
+    assert _read_idle(c) == {"a": 300, "c": 310} and c.waited == [2]
+    c = Cluster([{"a": 300}, {"a": 300, "c": 310}])  # one still restarting: waited for, read again
+    assert _read_idle(c) == {"a": 300, "c": 310} and c.waited == [2]
+    c = Cluster([CommClosedError("closed")] * 4)
+    with pytest.raises(RunError, match="kept leaving"):
+        _read_idle(c)

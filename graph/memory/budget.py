@@ -148,13 +148,7 @@ def measure_baseline(
                 f"{type(exc).__name__}. Loading them alone needs more than a worker's share of the memory "
                 "budget; raise memory_budget or use fewer workers."
             ) from None
-    rss = client.run(_rss)
-    if not rss:  # e.g. workers restarting after a nanny killed them
-        try:
-            client.wait_for_workers(1, timeout=60)
-        except TimeoutError:
-            raise RunError("the cluster has no workers; start some before running") from None
-        rss = client.run(_rss)
+    rss = _read_idle(client)
     deadline = time.monotonic() + patience
     while ceiling is not None and max(rss.values()) * 1.15 > ceiling and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -168,6 +162,40 @@ def measure_baseline(
         if done:  # idle memory, not memory on its way out: waiting longer finds nothing less
             break
     return len(rss), int(max(rss.values()) * 1.15)
+
+
+def _read_idle(client: Any, attempts: int = 3, timeout: float = 30.0) -> dict:
+    """``{worker: resident bytes}`` of every worker.  A worker that leaves while it is read (its
+    nanny restarting it for memory an earlier run left, say) is waited for, up to ``timeout`` s,
+    and the workers are read again: seen in CI, both workers of a 2-worker cluster restarted just
+    as the next budgeted run read them, and Dask's ``CommClosedError`` ended that run.
+
+    >>> from types import SimpleNamespace
+    >>> client = SimpleNamespace(scheduler_info=lambda: {"workers": {"a": {}}}, run=lambda f: {"a": 100})
+    >>> _read_idle(client)
+    {'a': 100}
+    """
+    expected = max(1, len(client.scheduler_info().get("workers", {})))
+    rss: dict = {}
+    for _ in range(attempts):
+        try:
+            rss = client.run(_rss)
+        except OSError:  # Dask's CommClosedError: a worker went away while read; waited for and read again
+            rss = {}
+        if rss and len(rss) >= expected:
+            return rss
+        try:
+            client.wait_for_workers(expected, timeout=timeout)
+        except TimeoutError:  # fewer workers than when the run began: read those that are here
+            break
+    try:
+        rss = client.run(_rss)
+    except OSError as exc:  # the run's error: the workers keep leaving
+        raise RunError(f"the workers kept leaving while their memory was read ({type(exc).__name__}); "
+                       "check the workers' logs (a nanny restarting them for memory?) and run again") from None
+    if not rss:
+        raise RunError("the cluster has no workers; start some before running")
+    return rss
 
 
 def settled(before: dict, after: dict, tolerance: float = 0.02) -> bool:

@@ -164,7 +164,7 @@ def measure_baseline(
     return len(rss), int(max(rss.values()) * 1.15)
 
 
-def _read_idle(client: Any, attempts: int = 3, timeout: float = 30.0) -> dict:
+def _read_idle(client: Any, attempts: int = 3, timeout: float = 60.0) -> dict:
     """``{worker: resident bytes}`` of every worker.  A worker that leaves while it is read (its
     nanny restarting it for memory an earlier run left, say) is waited for, up to ``timeout`` s,
     and the workers are read again: seen in CI, both workers of a 2-worker cluster restarted just

@@ -281,7 +281,7 @@ def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | N
     # settings from the user, not Dask
     # the workers' Dask config is this process's when their nannies start (Dask hands it over)
     with workers_skip_main(), dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in ours.items()}), \
-            dask.config.set(embedded_config()), environ_restored(variables, ours):
+            dask.config.set(embedded_config(memory_budget)), environ_restored(variables, ours):
         # what the workers' processes must start with (as the nanny will compute it): forks of
         # Quiver's prepared process only when that process started with the same
         needed = {k: os.environ.get(k, None if spawn_config.get(k) is None else str(spawn_config[k]))

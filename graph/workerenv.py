@@ -27,6 +27,10 @@ them, for the dashboard's Profile page. On two cores kept busy by scikit-learn f
 Embedded workers sample every :data:`PROFILE_INTERVAL` (100 ms) instead: the Profile page still
 fills, at a tenth of the cost. The dask config key ``quiver.worker.profile-interval`` changes it
 (``False``: Dask's own interval); a ``distributed.worker.profile.interval`` you set yourself wins.
+Under a ``memory_budget`` the embedded workers run without the profiler: Dask keeps every
+second's profile for 1,000 s, and on ``examples/big_table_explore.py`` that history was half of
+the unmanaged memory a worker gained per minute (``docs/guide/memory.md``), which no plan sees;
+``quiver.worker.profile-under-budget: true`` keeps it.
 
 On a cluster you started yourself, either start the workers with the variable set (it must be
 in the environment before the worker process starts)::
@@ -45,6 +49,8 @@ workers that join later).
 {'MALLOC_MMAP_THRESHOLD_': '131072'}
 >>> embedded_config()
 {'distributed.worker.profile.interval': '100ms'}
+>>> embedded_config(memory_budget="1 GiB")
+{'distributed.worker.profile.enabled': False}
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ DASK_MMAP_THRESHOLD = 128 * 1024
 PROFILE_INTERVAL = "100ms"
 _DASK_PROFILE_INTERVAL = "10ms"
 _PROFILE_CONFIG = "quiver.worker.profile-interval"
+_PROFILE_BUDGET_CONFIG = "quiver.worker.profile-under-budget"
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _ENV = "MALLOC_MMAP_THRESHOLD_"
@@ -142,9 +149,16 @@ def profile_interval() -> str | None:
     return str(value)
 
 
-def embedded_config() -> dict[str, str]:
+def embedded_config(memory_budget: Any = None) -> dict[str, Any]:
     """Dask config an embedded cluster's workers start with (beside Dask's own): the profiler's
-    sampling interval (:func:`profile_interval`)."""
+    sampling interval (:func:`profile_interval`); under a ``memory_budget``, no profiler (unless
+    the dask config key ``quiver.worker.profile-under-budget`` is true): Dask keeps each second's
+    profile for 1,000 s (``distributed.admin.low-level-log-length``), tens of MiB per worker of
+    unmanaged memory that a budget cannot plan, interleaved with the run's own allocations."""
+    import dask
+
+    if memory_budget is not None and not dask.config.get(_PROFILE_BUDGET_CONFIG, default=False):
+        return {"distributed.worker.profile.enabled": False}
     interval = profile_interval()
     return {} if interval is None else {"distributed.worker.profile.interval": interval}
 

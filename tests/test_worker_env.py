@@ -114,3 +114,16 @@ def test_tune_workers_slows_a_running_clusters_profiler():
         assert c.submit(profiler, 1, pure=False).result()["profile_ms"] == 10  # Dask's worker
         tune_workers(c)
         assert c.submit(profiler, 1, pure=False).result()["profile_ms"] == 100
+
+
+def test_a_memory_budget_runs_its_workers_without_the_profiler_unless_told():
+    from tests.env_steps import profiler
+
+    def sampled(**options) -> float | None:
+        p = Pipeline("prof").source(profiler, seed=1)
+        return p.run(quiet=True, progress=False, workers=1, **options).value["profile_ms"]
+
+    # Dask keeps each second's profile for 1,000 s: unmanaged memory a budget cannot plan
+    assert sampled(memory_budget="1200 MiB") is None
+    with dask.config.set({"quiver.worker.profile-under-budget": True}):
+        assert sampled(memory_budget="1200 MiB") == 100

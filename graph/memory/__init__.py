@@ -11,6 +11,7 @@
 * :mod:`graph.memory.working`: pure rules on what a step holds while it runs (temporaries,
   admission under the pause line, which step a worker restarted for memory is blamed on);
 * :mod:`graph.memory.workmeter`: on the workers, each task's working memory measured, tasks admitted by it.
+* :mod:`graph.memory.finished`: on the workers, a task that has run forgets its run_spec.
 
 The rules are described in ``docs/architecture.md`` (scheduling and memory). Importing this package
 imports nothing heavy: its names load on first use.

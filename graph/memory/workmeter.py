@@ -14,7 +14,9 @@
   measured for its step would pass Dask's pause line (:func:`graph.memory.working.room_to_make`),
   the worker writes held results that the task does not read to disk first (the plan's victim
   order when a plan is installed, else least recently used), so the task runs under the line
-  instead of pausing the worker.
+  instead of pausing the worker;
+* **forgetting**: a task that has run forgets its run_spec (:mod:`graph.memory.finished`), which
+  Dask would keep for as long as the lineage of a held result stays known on the worker.
 
 >>> p = WorkingMemoryPlugin("quiver-working-1", {"fit": 100})
 >>> p.learned
@@ -30,6 +32,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .finished import drop_finished_spec
 from .sizes import step_of
 from .spill import evictable, planned_rank
 from .working import WORKING_TOPIC, room_to_make, working_of
@@ -133,6 +136,9 @@ class WorkingMemoryPlugin(WorkerPlugin):
             if self.peaks:
                 _reset_peak()
             self._record(key, max(peak - before, 0))
+        state = getattr(self.worker, "state", None)
+        if state is not None:
+            drop_finished_spec(state.tasks, key, start, finish)
 
     def _record(self, key: Any, nbytes: int) -> None:
         step = step_of(key)

@@ -211,7 +211,6 @@ def test_a_budget_with_no_room_for_results_names_what_the_idle_workers_imported(
     assert "The idle workers had imported" in msg and "pandas" in msg.split("The idle workers had imported")[1]
 
 
-
 def test_a_worker_leaving_while_the_budget_reads_the_workers_is_waited_for():
     # seen in CI: both workers' nannies restarted them (for memory an earlier run left) just as
     # the next budgeted run read the workers' memory, and Dask's CommClosedError ended that run.

@@ -4,6 +4,8 @@
 * :mod:`graph.memory.sizes`: byte sizes of step results (measured, hinted, a sibling's, a default);
 * :mod:`graph.memory.plan`: :func:`plan_memory`, pure: what stays, spills or is recomputed (Belady's
   rule over the run order), as a printable :class:`MemoryPlan`;
+* :mod:`graph.memory.interleave`: pure: the order Dask runs a submission's partitions in (across
+  sibling branches), which the plan walks;
 * :mod:`graph.memory.secondpass`: pure: a partition read again after a reduction is computed again
   for that read instead of held across it (when the data do not fit);
 * :mod:`graph.memory.spill`: on the workers, Dask's ``SpillBuffer`` evicting by the plan;

@@ -296,6 +296,7 @@ class BudgetedRun:
         self.compiled: Any = None
         self.snapshot: Callable[[], dict] = dict
         self.planned_with: tuple[int, int] = (1, 0)
+        self.threads: int | None = None  # the cluster's threads, for the plan's model of Dask's order
         self.monitor_name: str | None = None
         self.settled = False  # the idle memory was re-read while it fell (only for a plan that evicts)
         self.working_name: str | None = None  # graph.memory.workmeter.WorkingMemoryPlugin, under a budget
@@ -325,6 +326,7 @@ class BudgetedRun:
         # one reading of the idle memory with the steps' libraries loaded: an upper bound (a
         # re-read only falls), enough when the plan holds everything
         self.planned_with = measure_baseline(client, modules=step_libraries(compiled))
+        self.threads = sum(client.nthreads().values()) or self.planned_with[0]  # Dask's root-ish rule counts them
         self._measure_working()
         self.monitor_name = monitor_name
         self._guard()  # on before anything runs, the sampling pass included
@@ -508,6 +510,7 @@ class BudgetedRun:
             self._copied if self.copyable else c,
             self.budget,
             workers=workers,
+            threads=self.threads,
             baseline=baseline,
             sizes=sizes,
             seconds=snap.get("seconds", {}),

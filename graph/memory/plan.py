@@ -2,7 +2,8 @@
 
 An exploration is known before it runs, so every intermediate's future uses are
 known too.  :func:`plan_memory` walks the graph in the order the executor runs
-it (depth-first, stage by stage up to each choose), holds each result exactly
+it (depth-first, stage by stage up to each choose; a root-ish source's partitions across
+sibling branches, as Dask runs them: :mod:`graph.memory.interleave`), holds each result exactly
 until its last use, and whenever the results held would exceed the budget it
 evicts the one needed *furthest in the future* (Belady's rule, not LRU).  An
 evicted result is spilled to disk until its next use, or dropped and recomputed
@@ -35,6 +36,7 @@ from typing import Any
 from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
+from .interleave import interleave, rootish_groups
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
@@ -220,11 +222,15 @@ def _assumed_kept(cp: Any, decided: Mapping[tuple[int, int], str] | None = None)
     return kept, chance
 
 
-def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None = None) -> _Schedule:
+def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None = None,
+                    threads: int = 2) -> _Schedule:
     """The order the executor runs tasks in, as the plan models it.
 
     Stage by stage (branches behind fewer chooses first, as the executor opens them),
-    in declaration order, each branch depth-first (a task right after its inputs).
+    in declaration order, each branch depth-first (a task right after its inputs); within a
+    stage, partitions of a root-ish source run across sibling branches as Dask runs them
+    (:func:`graph.memory.interleave.interleave`; ``threads``: the cluster's, for Dask's
+    root-ish rule).
     Behind a choose the plan follows its decision (``decided``: the executor's gates,
     ``{(choose, input): "keep" | "drop" | "cancel"}``) or, before it decides, assumes its
     first ``k`` inputs (per group) are kept; the other branches' inputs are only held
@@ -247,14 +253,21 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
 
     excluded: list[tuple[list[str], tuple]] = []
     held: set[str] = set()
+    stage_starts: dict[int, int] = {}  # stage -> where its tasks start in the order
     for is_output, keys, gates in tips:
         if all(i in kept[c] for c, i in gates):
+            stage_starts.setdefault(len(gates), len(order))
             for k in keys:
                 visit(k)
             if is_output:
                 held.add(keys[-1])
         else:
             excluded.append((keys, gates))
+    # each stage is one submission: Dask runs its partitions across sibling branches (interleave.py)
+    rootish = rootish_groups(order, deps, threads)
+    if rootish:
+        bounds = sorted(stage_starts.values()) + [len(order)]
+        order = [k for a, b in zip(bounds, bounds[1:]) for k in interleave(order[a:b], deps, threads, rootish)]
     pos = {k: i for i, k in enumerate(order)}
     decide_at = {
         cp.index: max((pos[m] for m in cp.metric_keys if m in pos), default=-1) + 0.5 for cp in compiled.chooses
@@ -277,6 +290,7 @@ def plan_memory(
     budget: Any,
     *,
     workers: int = 1,
+    threads: int | None = None,
     baseline: int | None = None,
     sizes: SizeEstimates | Mapping[str, int] | None = None,
     seconds: Mapping[str, float] | None = None,
@@ -290,6 +304,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
+    ``threads``: the cluster's threads (default one per worker), for Dask's root-ish rule in the
+    modelled order (:mod:`graph.memory.interleave`).
     ``baseline``: memory of an idle worker process (measured by the executor; a
     default otherwise).  ``sizes``: estimated bytes per key (a ``SizeEstimates``,
     or measured sizes; the compiled ``size_hints`` are used too).  ``seconds``:
@@ -316,7 +332,7 @@ def plan_memory(
     thresholds = dask_thresholds() if thresholds is None else thresholds
     worker_data = _room_for_results(budget, workers, baseline, thresholds)
     est = _estimates(compiled, sizes, default_size)
-    sched = execution_order(compiled, decided)
+    sched = execution_order(compiled, decided, threads=threads or workers)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
     working = dict(working or {})
     steps = by_step(working)

@@ -3,7 +3,8 @@
 One function owns the order, :func:`run_targets`, and both its users derive from it: the
 state machine's task priorities (:func:`priority`, a Dask ``priority`` annotation, higher
 first) and the memory plan's model of the run (``graph.memory.plan.execution_order``,
-which walks the targets in :func:`run_order`). The rule (docs/architecture.md §4):
+which walks the targets in :func:`run_order`, and within a stage lets a root-ish source's
+partitions run across sibling branches, as Dask does: ``graph.memory.interleave``). The rule (docs/architecture.md §4):
 targets open stage by stage (a branch behind ``s`` chooses opens once they all kept it);
 among open targets, the one behind more chooses runs first, then declaration order (choose
 inputs by choose and input, then the output branches); each target depth-first.

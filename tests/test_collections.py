@@ -329,11 +329,13 @@ def test_a_budgeted_run_over_more_than_its_budget_stays_under_the_limit(tmp_path
     # workers' idle memory, ~270 MiB each with pandas and pyarrow: a CI-sized table cannot exceed
     # the whole budget within seconds; the benchmark and example do, at scale)
     assert s["measured_result_bytes"] > plan.worker_data_budget * plan.workers
-    # measured, the data do not fit: the plan evicts, and from then on it models second passes
-    # (graph/memory/secondpass.py: the mean cleaning reads every partition again after the mean).
-    # This run submitted everything before sizes were measured (its first plan, at the 1 MiB
-    # default per partition, fit), so whether it spilled depends on Dask's order: not asserted
-    assert plan.evicts and plan.second_passes
+    # measured, the data do not fit: a plan evicted, which turns second passes on, and from then
+    # on every plan models them (graph/memory/secondpass.py: the mean cleaning reads every
+    # partition again after the mean); with the copies and Dask's partition order modelled
+    # (graph/memory/interleave.py), the last plan may fit. This run submitted everything before
+    # sizes were measured (its first plan, at the 1 MiB default per partition, fit), so whether it
+    # spilled depends on Dask's order: not asserted
+    assert plan.second_passes
     assert 0 < s["peak_worker_memory_bytes"] < 0.95 * budget / 2  # never near the nanny's kill line
     assert (r.table["status"] == "ok").all()
     assert r.chosen.index[0] == r.table["mse"].idxmin()

@@ -30,13 +30,16 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
+from .secondpass import partition_layer
+
 __all__ = ["interleave", "rootish_groups"]
 
 
 def _group(key: Hashable) -> Hashable:
     """A key's task group, as Dask names them: a partition ``(name, i, ...)`` belongs to ``name``;
     any other key is a group of its own."""
-    return key[0] if isinstance(key, tuple) and key else key
+    layer = partition_layer(key)
+    return key if layer is None else layer
 
 
 def rootish_groups(keys: Iterable[Hashable], deps: Callable[[Hashable], Iterable[Hashable]], threads: int) -> set:
@@ -52,7 +55,7 @@ def rootish_groups(keys: Iterable[Hashable], deps: Callable[[Hashable], Iterable
     read: dict[Hashable, set] = defaultdict(set)
     for k in keys:
         read[_group(k)].update(_group(d) for d in deps(k))
-    partitioned = {k[0] for k in keys if isinstance(k, tuple) and k}
+    partitioned = {partition_layer(k) for k in keys} - {None}
     return {g for g in partitioned if size[g] > 2 * threads and sum(size.get(r, 1) for r in read[g]) < 5}
 
 

@@ -223,14 +223,14 @@ def _assumed_kept(cp: Any, decided: Mapping[tuple[int, int], str] | None = None)
 
 
 def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None = None,
-                    threads: int = 2) -> _Schedule:
+                    threads: int = 1) -> _Schedule:
     """The order the executor runs tasks in, as the plan models it.
 
     Stage by stage (branches behind fewer chooses first, as the executor opens them),
     in declaration order, each branch depth-first (a task right after its inputs); within a
     stage, partitions of a root-ish source run across sibling branches as Dask runs them
     (:func:`graph.memory.interleave.interleave`; ``threads``: the cluster's, for Dask's
-    root-ish rule).
+    root-ish rule; one by default, as :func:`plan_memory`'s one worker).
     Behind a choose the plan follows its decision (``decided``: the executor's gates,
     ``{(choose, input): "keep" | "drop" | "cancel"}``) or, before it decides, assumes its
     first ``k`` inputs (per group) are kept; the other branches' inputs are only held

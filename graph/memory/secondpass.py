@@ -50,7 +50,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SecondPass", "phases", "second_pass", "after", "copy_name"]
+__all__ = ["SecondPass", "partition_layer", "phases", "second_pass", "after", "copy_name"]
 
 
 def after(value: Any, *_gates: Any) -> Any:
@@ -82,7 +82,13 @@ class SecondPass:
         return frozenset(self.original)
 
 
-def _layer(key: Hashable) -> Any:
+def partition_layer(key: Hashable) -> Any:
+    """The collection layer a partition key ``(name, i, ...)`` belongs to (``name``); ``None``
+    for any other key.
+
+    >>> partition_layer(("x", 3)), partition_layer("score-1f")
+    ('x', None)
+    """
     return key[0] if isinstance(key, tuple) and key else None
 
 
@@ -120,7 +126,7 @@ def phases(deps: Mapping[Hashable, tuple]) -> tuple[dict, frozenset]:
     for k in _order(deps):
         ds = deps[k]
         p = max((phase[d] for d in ds), default=0)
-        if any(n >= 2 for n in Counter(_layer(d) for d in ds if _layer(d) is not None).values()):
+        if any(n >= 2 for n in Counter(partition_layer(d) for d in ds if partition_layer(d) is not None).values()):
             p += 1
             wide.add(k)
         phase[k] = p

@@ -217,22 +217,14 @@ def _worker_class() -> Any:
     if _WORKER_CLASS is None:
         from distributed import Worker
 
+        from .heartbeats import stop, track
+
         class BridgeWorker(Worker):
             """The bridge's worker: :meth:`stop_heartbeats` and :meth:`drain` before it retires."""
 
-            _beat_idle: asyncio.Event | None = None
-            _beats_stopped = False
-
-            async def heartbeat(self) -> None:
-                if self._beats_stopped:
-                    return
-                if self._beat_idle is None:
-                    self._beat_idle = asyncio.Event()
-                self._beat_idle.clear()
-                try:
-                    await super().heartbeat()
-                finally:
-                    self._beat_idle.set()
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                track(self)  # its beat in flight is known: stop_heartbeats waits for it
 
             _last_request = 0.0
 
@@ -255,13 +247,7 @@ def _worker_class() -> Any:
                         await asyncio.sleep(0.01)
 
             async def stop_heartbeats(self, timeout: float) -> None:
-                self._beats_stopped = True
-                self.periodic_callbacks["heartbeat"].stop()
-                if self._beat_idle is not None and not self._beat_idle.is_set():
-                    try:
-                        await asyncio.wait_for(self._beat_idle.wait(), timeout)
-                    except asyncio.TimeoutError:  # logged: the retirement goes on; Dask may log the late beat
-                        logger.debug("quiver: the bridge's last heartbeat did not end within %.1f s", timeout)
+                await stop(self, timeout)
 
         _WORKER_CLASS = BridgeWorker
     return _WORKER_CLASS

@@ -245,6 +245,9 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
         from .logdigest import ErrorDigestPlugin
 
         c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
+        from .heartbeats import QuietClosePlugin
+
+        c.register_plugin(QuietClosePlugin())  # no heartbeat races a worker's close (its traceback)
     except BaseException:  # re-raised: a cluster whose set-up failed is closed first
         c.close()
         _close_started(cluster)

@@ -29,7 +29,8 @@ def halving(factor: int = 3, min_iter: int = 1, max_iter: int | None = None) -> 
 
     Rungs at ``min_iter * factor**r`` reports; a branch reaching a rung continues iff it
     ranks within the top ``max(1, n // factor)`` of the ``n`` branches (of its group) that
-    have reached that rung so far, else it is stopped at once (status ``pruned``).  A
+    have reached that rung so far (reports that arrive together, as a packed task's members'
+    of one epoch, are ranked together), else it is stopped at once (status ``pruned``).  A
     branch that makes ``max_iter`` reports stops there and completes (``None``: no cap).
     """
     where = f"halving(factor={factor!r}, min_iter={min_iter!r}, max_iter={max_iter!r})"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 
 def check_rule(result, factor, before=0):
-    """The run's rung decisions equal the rule written out on the run's own arrival order, no
+    """The run's rung decisions equal the rule written out on the run's own arrival order (reports
+    that arrived together ranked together), no
     branch is counted twice at a rung, and every branch stopped exactly where it was told.
     ``before``: reports of iterative steps before the pruned one on each row's path (a
     row's ``iterations`` counts them too; its rungs count the pruned step's own)."""
@@ -17,11 +18,14 @@ def check_rule(result, factor, before=0):
     stopped_at = {}
     for (group, rung), entries in by_rung.items():
         assert len({e["input"] for e in entries}) == len(entries), "a branch counted twice at a rung"
-        there = []
-        for n, e in enumerate(entries, 1):
-            there.append((-e["metric"], e["input"]))
-            assert e["n"] == n
-            assert e["continued"] == (sorted(there).index((-e["metric"], e["input"])) < max(1, n // factor))
+        for pos, e in enumerate(entries, 1):
+            # n: the branches at the rung when it was ranked: those before it, itself, and the reports
+            # that arrived with it (a packed task's epoch: graph.state.halving.Halving.report_many)
+            n = e["n"]
+            assert pos <= n <= len(entries) and entries[n - 1]["n"] == n
+            assert pos == 1 or entries[pos - 2]["n"] <= n
+            there = sorted((-x["metric"], x["input"]) for x in entries[:n])
+            assert e["continued"] == (there.index((-e["metric"], e["input"])) < max(1, n // factor))
             if not e["continued"]:
                 stopped_at[e["input"]] = e["iteration"]
     for i, row in result.table.iterrows():

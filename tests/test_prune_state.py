@@ -55,6 +55,31 @@ def finish(s, c, i, value):
     return out + s.handle(MetricRead(mk, value, {"score": value}))
 
 
+
+def test_reports_that_arrive_together_are_ranked_together():
+    # a packed task sends its members' reports of one epoch at once: ranked one after another, the
+    # first would go on against itself alone (max(1, 1 // 2) = 1), whatever the others say
+    c = pipeline([A, B, C])
+    ka, kb, kc = (b.key for b in c.chooses[0].inputs)
+    ma, mb, mc = c.chooses[0].metric_keys
+    s = ExplorationState(c)
+    s.handle(Start())
+    out = s.handle(Report(ka, 1, {"score": 0.1}), Report(kb, 1, {"score": 0.5}))
+    assert out == [Cancel((ma,)), Answer(ka, 1, "stop"), Answer(kb, 1, "continue")]  # top 1 of 2
+    # one at a time (separate events), the first arrival goes on: the rule itself is unchanged
+    s2 = ExplorationState(c)
+    s2.handle(Start())
+    assert s2.handle(Report(ka, 1, {"score": 0.1})) == [Answer(ka, 1, "continue")]
+    assert s2.handle(Report(kb, 1, {"score": 0.5})) == [Answer(kb, 1, "continue")]
+    # a step's second report in the same call is decided after its first (here: past a stop)
+    s3 = ExplorationState(c)
+    s3.handle(Start())
+    s3.handle(Report(kb, 1, {"score": 0.5}))
+    out = s3.handle(Report(ka, 1, {"score": 0.1}), Report(ka, 2, {"score": 0.9}), Report(kc, 1, {"score": 0.2}))
+    assert Answer(ka, 1, "stop") in out and Answer(kc, 1, "stop") in out
+    assert Answer(ka, 2, "stop") in out and Answer(ka, 2, "continue") not in out  # its stop stands
+    assert s3.pruned_at[ka] == (0, 1)
+
 def test_a_pruning_run_as_literal_events_and_instructions():
     c = pipeline([A, B, C])
     ka, kb, kc = (b.key for b in c.chooses[0].inputs)

@@ -1,12 +1,13 @@
 """Pure pruning rule of a choose: asynchronous successive halving (ASHA, docs/architecture.md §7).
 
-A :class:`Halving` is fed one branch report at a time (in the order the run receives
-them) and answers at once, never waiting for other branches:
+A :class:`Halving` is fed branch reports in the order the run receives them (one at a time,
+or several that arrived together: :meth:`Halving.report_many`) and answers at once, never
+waiting for other branches:
 
 * rungs are at ``min_iter * factor**r`` reports (``PruneSpec.rung_of``), below ``max_iter``;
 * a branch that reaches a rung continues iff its metric ranks within the top
   ``max(1, n // factor)`` of the ``n`` branches of its group that have reached that rung so
-  far, itself included (``graph.state.ranking.sort_key``: higher first for ``mode="max"``, lower
+  far, itself and the reports that arrived with it included (``graph.state.ranking.sort_key``: higher first for ``mode="max"``, lower
   for ``"min"``, ties to the lower branch index, i.e. the branch declared first, NaN last);
   a NaN metric never continues (a choose never keeps a NaN branch either);
 * otherwise it stops: ``Stop(rung, iteration)``, a *pruned* branch;
@@ -106,26 +107,60 @@ class Halving:
 
     def report(self, branch: int, group: Hashable, iteration: int, metric: float) -> Decision:
         """Decide on one report (see the module docstring for the rule)."""
-        seen = self._seen.get((branch, iteration))
-        if seen is not None:
-            return seen
-        decision = self._decide(branch, group, iteration, float(metric))
-        self._seen[(branch, iteration)] = decision
-        if isinstance(decision, Stop):
-            self._stopped.setdefault(branch, decision)
-        return decision
+        return self.report_many([(branch, group, iteration, metric)])[0]
 
-    def _decide(self, branch: int, group: Hashable, iteration: int, metric: float) -> Decision:
-        if branch in self._stopped:
-            return self._stopped[branch]
-        r = self.prune.rung_of(iteration)
+    def report_many(self, reports: list[tuple[int, Hashable, int, float]]) -> list[Decision]:
+        """Decide on reports that arrived together (``(branch, group, iteration, metric)`` each;
+        one decision each, in order): those that reach a rung are ranked *together*, each
+        against every branch at its rung so far, the others of the batch included. A packed
+        task sends its members' reports of one epoch at once: ranked one after another, the
+        first of them would be measured against fewer branches than the last, by the
+        arbitrary order within the batch.
+
+        >>> from graph.spec import PruneSpec
+        >>> h = Halving(PruneSpec(factor=2, min_iter=1), mode="max")
+        >>> h.report_many([(0, None, 1, 0.4), (1, None, 1, 0.5)])  # 2 at rung 1 together: top 1
+        [Stop(rung=0, iteration=1), Continue()]
+        >>> Halving(PruneSpec(factor=2, min_iter=1)).report(0, None, 1, 0.4)  # alone, it would go on
+        Continue()
+        """
+        decisions: list[Decision | None] = [None] * len(reports)
+        fresh: list[tuple[int, int, Hashable, int, float, int | None]] = []  # (position, branch, group, iteration, metric, rung)
+        later: list[int] = []  # a branch's second report in the batch: after its first is decided
+        heads: set[int] = set()
+        for pos, (branch, group, iteration, metric) in enumerate(reports):
+            if (branch, iteration) in self._seen:
+                continue  # a replay: its first answer, below
+            if branch in heads:
+                later.append(pos)
+                continue
+            heads.add(branch)
+            if branch in self._stopped:  # its later reports can only come from a stop in flight
+                decisions[pos] = self._seen[(branch, iteration)] = self._stopped[branch]
+                continue
+            metric = float(metric)
+            r = self.prune.rung_of(iteration)
+            if r is not None:  # every arrival first, then each decision
+                bisect.insort(self._rungs.setdefault((group, r), []), sort_key(metric, branch, self.mode))
+            fresh.append((pos, branch, group, iteration, metric, r))
+        for pos, branch, group, iteration, metric, r in fresh:
+            decisions[pos] = self._decide(branch, group, iteration, metric, r)
+            self._seen[(branch, iteration)] = decisions[pos]
+            if isinstance(decisions[pos], Stop):
+                self._stopped.setdefault(branch, decisions[pos])
+        for pos in later:
+            decisions[pos] = self.report_many([reports[pos]])[0]
+        for pos, (branch, _g, iteration, _m) in enumerate(reports):  # replays: the first answer again
+            if decisions[pos] is None:
+                decisions[pos] = self._seen[(branch, iteration)]
+        return decisions  # type: ignore[return-value]
+
+    def _decide(self, branch: int, group: Hashable, iteration: int, metric: float, r: int | None) -> Decision:
         if r is not None:
-            ranked = self._rungs.setdefault((group, r), [])
-            entry = sort_key(metric, branch, self.mode)
-            bisect.insort(ranked, entry)
+            ranked = self._rungs[(group, r)]
             n = len(ranked)
             top = max(1, n // self.prune.factor)
-            ok = ranked.index(entry) < top and not math.isnan(metric)
+            ok = ranked.index(sort_key(metric, branch, self.mode)) < top and not math.isnan(metric)
             self.arrivals.setdefault((group, r), []).append(RungEntry(branch, metric, ok, n))
             if not ok:
                 return Stop(r, iteration)

@@ -239,10 +239,22 @@ class ExplorationState:
     def handle(self, *events: Any) -> list:
         """Apply ``events`` in order, then settle: decide, open, submit, release. Returns the instructions."""
         self._out = []
+        reports: list[Report] = []  # consecutive reports of distinct steps: ranked together
         for ev in events:
             if self.aborted is not None and not isinstance(ev, Abort):
                 continue
+            if isinstance(ev, Report):
+                if any(original_key(r.name) == original_key(ev.name) for r in reports):
+                    self._reports(reports)
+                    reports = []
+                reports.append(ev)
+                continue
+            if reports:
+                self._reports(reports)
+                reports = []
             self._event(ev)
+        if reports and self.aborted is None:
+            self._reports(reports)
         if self.aborted is None:
             self._settle()
         out, self._out = self._out, []
@@ -291,7 +303,7 @@ class ExplorationState:
         elif isinstance(ev, TaskLost):
             self._lost(ev.name)
         elif isinstance(ev, Report):
-            self._report(ev.name, ev.iteration, dict(ev.values))
+            self._reports([ev])
         else:
             raise TypeError(f"ExplorationState: unknown event {ev!r}")
 
@@ -422,23 +434,45 @@ class ExplorationState:
         self._dirty_outputs.update(range(len(self.output_tips)))
         self._out.append(Fail(reason))
 
-    def _report(self, name: str, iteration: int, values: dict) -> None:
-        """An iterative step's report: its history, and at a pruning choose the halving rule
-        (``graph.state.halving.Halving``); at a rung the step waits for an :class:`Answer`."""
+    def _reports(self, reports: list[Report]) -> None:
+        """Iterative steps' reports that arrived together (distinct steps): each one's history,
+        then at a pruning choose the halving rule (``graph.state.halving.Halving.report_many``),
+        which ranks those that reach a rung together (a packed task sends its members' reports
+        of one epoch at once); at a rung the step waits for an :class:`Answer`."""
+        given = [(ev.name, ev.iteration, dict(ev.values)) for ev in reports]
+        taken = [r for r in given if self._take_report(*r)]
+        asks: dict[int, list[tuple[int, int]]] = defaultdict(list)  # choose -> [(report, input index)]
+        for j, (name, iteration, values) in enumerate(taken):
+            for ci, i in self.prune_inputs.get(original_key(name), ()):
+                tip = self.choose_tip[(ci, i)]
+                if not (tip.dead or tip.resolved):  # cancelled or stopped meanwhile: not ranked
+                    asks[ci].append((j, i))
+        decided: dict[tuple[int, int, int], Any] = {}
+        for ci, items in asks.items():
+            ds = self.halving[ci].report_many([(i, self.group_of[(ci, i)], taken[j][1], self._report_metric(ci, taken[j][2]))
+                                               for j, i in items])
+            decided.update({(j, ci, i): d for (j, i), d in zip(items, ds)})
+        for j, (name, iteration, _values) in enumerate(taken):
+            self._answer_report(name, iteration, [(ci, i, decided.get((j, ci, i)))
+                                                  for ci, i in self.prune_inputs.get(original_key(name), ())])
+
+    def _take_report(self, name: str, iteration: int, values: dict) -> bool:
+        """A report's history (a replay gets its first answer again); whether the halving rule
+        is to see it."""
         key = original_key(name)
         if key not in self.iterative:
-            return  # not this run's (a client may run other work)
+            return False  # not this run's (a client may run other work)
         if iteration <= len(self.history[key]):  # a replay: counted once
             given = self.rung_answers.get((key, iteration))
             if given is not None and (name, iteration) not in self.answered:
                 self.answered.add((name, iteration))  # a recompute copy waits under its own name
                 self._answers.append(Answer(name, iteration, given))
-            return
+            return False
         # a gap: an execution this run did not start (Dask resumes a task an earlier run on the
         # client cancelled while it ran, when this run submits its key): its rungs are still
         # ranked and answered (it waits there), its history is not guessed
         if iteration != len(self.history[key]) + 1 and name not in self.submitted:
-            return  # a gap under a name this run never submitted: another run's leftover step
+            return False  # a gap under a name this run never submitted: another run's leftover step
         if iteration == len(self.history[key]) + 1:
             self.history[key].append(values)
             self.reports_taken += 1
@@ -447,20 +481,23 @@ class ExplorationState:
         for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
             if tip.t.kind == "output":
                 self._dirty_outputs.add(tip.t.index)
-        entries = self.prune_inputs.get(key)
+        return True
+
+    def _answer_report(self, name: str, iteration: int, entries: list[tuple[int, int, Any]]) -> None:
+        """The answer at a rung from the halving rule's decisions (``(choose, input, decision)``,
+        ``None`` where the input was not ranked), and a stop's consequences."""
+        key = original_key(name)
         if not entries:
             return
         stop = None
         at_rung = False
         alive = False
-        for ci, i in entries:
-            tip = self.choose_tip[(ci, i)]
+        for ci, i, d in entries:
             spec = self.c.chooses[ci].spec
             at_rung = at_rung or spec.prune.rung_of(iteration) is not None
-            if tip.dead or tip.resolved:
-                continue  # cancelled or stopped meanwhile: not ranked
+            if d is None:
+                continue
             alive = True
-            d = self.halving[ci].report(i, self.group_of[(ci, i)], iteration, self._report_metric(ci, values))
             if getattr(d, "pruned", False) and stop is None:
                 stop = d
         if at_rung:

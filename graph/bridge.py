@@ -158,6 +158,8 @@ class Bridge:
     async def _retire_async(self) -> None:
         from distributed.core import Status
 
+        from .heartbeats import stop as stop_heartbeats
+
         worker, scheduler = self.worker, self.cluster.scheduler
         if worker.status != Status.running:  # closed with the cluster, or paused: Dask's business
             return
@@ -173,7 +175,7 @@ class Bridge:
             await asyncio.sleep(0.005)
         # no heartbeat from here on: one in flight while the scheduler removes it, or while it
         # closes, logs an error (Dask's "Unexpected exception during heartbeat") in the user's output
-        await worker.stop_heartbeats(timeout=max(0.0, deadline - time.monotonic()))
+        await stop_heartbeats(worker, timeout=max(0.0, deadline - time.monotonic()))
         # what Worker.close_gracefully does (Dask copies what only the bridge holds to a worker), in
         # three steps, so that no worker or client is fetching from it when it goes: each one that
         # was, when Dask removed it at once, logged "Worker stream died during communication" with
@@ -210,21 +212,22 @@ _WORKER_CLASS: Any = None
 
 
 def _worker_class() -> Any:
-    """Dask's ``Worker`` with a heartbeat that can be stopped for good, waiting for one in flight,
+    """Dask's ``Worker`` with its heartbeat tracked (:func:`graph.heartbeats.track`: the retirement
+    stops it for good, waiting for the beat in flight),
     and a :meth:`drain` of the requests for its data before it leaves (made once: ``distributed`` is
     imported only when a bridge starts)."""
     global _WORKER_CLASS
     if _WORKER_CLASS is None:
         from distributed import Worker
 
-        from .heartbeats import stop, track
+        from .heartbeats import track
 
         class BridgeWorker(Worker):
-            """The bridge's worker: :meth:`stop_heartbeats` and :meth:`drain` before it retires."""
+            """The bridge's worker: its heartbeat tracked (:mod:`graph.heartbeats`) and :meth:`drain` before it retires."""
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
-                track(self)  # its beat in flight is known: stop_heartbeats waits for it
+                track(self)  # its beat in flight is known: the retirement's stop waits for it
 
             _last_request = 0.0
 
@@ -245,9 +248,6 @@ def _worker_class() -> Any:
                     while time.monotonic() < end and (self.transfer_outgoing_count
                                                       or time.monotonic() - self._last_request < quiet):
                         await asyncio.sleep(0.01)
-
-            async def stop_heartbeats(self, timeout: float) -> None:
-                await stop(self, timeout)
 
         _WORKER_CLASS = BridgeWorker
     return _WORKER_CLASS

@@ -55,7 +55,6 @@ def finish(s, c, i, value):
     return out + s.handle(MetricRead(mk, value, {"score": value}))
 
 
-
 def test_reports_that_arrive_together_are_ranked_together():
     # a packed task sends its members' reports of one epoch at once: ranked one after another, the
     # first would go on against itself alone (max(1, 1 // 2) = 1), whatever the others say
@@ -79,6 +78,7 @@ def test_reports_that_arrive_together_are_ranked_together():
     assert Answer(ka, 1, "stop") in out and Answer(kc, 1, "stop") in out
     assert Answer(ka, 2, "stop") in out and Answer(ka, 2, "continue") not in out  # its stop stands
     assert s3.pruned_at[ka] == (0, 1)
+
 
 def test_a_pruning_run_as_literal_events_and_instructions():
     c = pipeline([A, B, C])

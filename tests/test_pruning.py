@@ -293,7 +293,6 @@ def test_halving_matches_the_literal_rule(scenario):
         assert entries[0].continued or math.isnan(entries[0].metric)  # the first there never waits
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 4), st.sampled_from(["max", "min"]),
        st.lists(st.one_of(st.sampled_from([0.0, 0.5, float("nan")]), st.floats(-2, 2)), min_size=1, max_size=10),
@@ -312,6 +311,7 @@ def test_reports_that_arrive_together_are_ranked_against_each_other(factor, mode
     top = set(ranked[: max(1, n // factor)])
     assert batch == [C if (b in top and not math.isnan(metrics[b])) else Stop(0, 1) for b in range(before, n)]
     assert [e.n for e in h.arrivals.get((None, 0), [])][before:] == [n] * (n - before)  # together: one n
+
 
 def test_compiled_iterative_tasks_are_wrapped_under_their_own_keys():
     from graph.iterative import Iterative, iterative_task

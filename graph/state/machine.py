@@ -302,9 +302,7 @@ class ExplorationState:
             self._abort(ev.reason)
         elif isinstance(ev, TaskLost):
             self._lost(ev.name)
-        elif isinstance(ev, Report):
-            self._reports([ev])
-        else:
+        else:  # a Report never comes here: handle() batches consecutive ones for _reports
             raise TypeError(f"ExplorationState: unknown event {ev!r}")
 
     def _live_name(self, name: str) -> str | None:
@@ -439,11 +437,11 @@ class ExplorationState:
         then at a pruning choose the halving rule (``graph.state.halving.Halving.report_many``),
         which ranks those that reach a rung together (a packed task sends its members' reports
         of one epoch at once); at a rung the step waits for an :class:`Answer`."""
-        given = [(ev.name, ev.iteration, dict(ev.values)) for ev in reports]
-        taken = [r for r in given if self._take_report(*r)]
+        taken = [(ev.name, ev.iteration, dict(ev.values)) for ev in reports]
+        taken = [(*r, self.prune_inputs.get(original_key(r[0]), ())) for r in taken if self._take_report(*r)]
         asks: dict[int, list[tuple[int, int]]] = defaultdict(list)  # choose -> [(report, input index)]
-        for j, (name, iteration, values) in enumerate(taken):
-            for ci, i in self.prune_inputs.get(original_key(name), ()):
+        for j, (_name, _iteration, _values, entries) in enumerate(taken):
+            for ci, i in entries:
                 tip = self.choose_tip[(ci, i)]
                 if not (tip.dead or tip.resolved):  # cancelled or stopped meanwhile: not ranked
                     asks[ci].append((j, i))
@@ -452,9 +450,8 @@ class ExplorationState:
             ds = self.halving[ci].report_many([(i, self.group_of[(ci, i)], taken[j][1], self._report_metric(ci, taken[j][2]))
                                                for j, i in items])
             decided.update({(j, ci, i): d for (j, i), d in zip(items, ds)})
-        for j, (name, iteration, _values) in enumerate(taken):
-            self._answer_report(name, iteration, [(ci, i, decided.get((j, ci, i)))
-                                                  for ci, i in self.prune_inputs.get(original_key(name), ())])
+        for j, (name, iteration, _values, entries) in enumerate(taken):
+            self._answer_report(name, iteration, [(ci, i, decided.get((j, ci, i))) for ci, i in entries])
 
     def _take_report(self, name: str, iteration: int, values: dict) -> bool:
         """A report's history (a replay gets its first answer again); whether the halving rule

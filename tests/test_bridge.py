@@ -68,10 +68,13 @@ def test_a_first_run_starts_in_this_process_and_hands_over_to_the_workers():
 
 
 def test_where_the_steps_ran():
-    # 16 steps of 0.5 s on one thread take longer than two workers' start: some steps ran in
-    # this process (the bridge), the rest on the workers, and the source that the bridge
-    # computed reached the workers' steps (moved by Dask, never recomputed)
-    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0}):
+    # 16 steps of 0.5 s on one thread take longer than two workers' start, which a preload
+    # holds back 3 s (tests/slow_worker_start.py: on a crowded CI minute the workers once came
+    # before the bridge took a task): some steps ran in this process (the bridge), the rest on
+    # the workers, and the source that the bridge computed reached the workers' steps (moved by
+    # Dask, never recomputed)
+    with dask.config.set({"quiver.embedded-cluster.idle-timeout": 0,
+                          "distributed.worker.preload": ["tests.slow_worker_start"]}):
         node = (Pipeline("where").source(bridge_steps.source, seed=1)
                 .explore("a", grid(bridge_steps.slow, a=list(range(16)), seconds=[0.5])))
         r = node.run(quiet=True, progress=False, workers=2)

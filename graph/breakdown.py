@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["CATEGORIES", "Collector", "breakdown", "source_keys", "wait_spans"]
+__all__ = ["CATEGORIES", "Collector", "breakdown", "released_records", "source_keys", "wait_spans"]
 
 CATEGORIES = ("importing", "startup", "loading", "moving", "computing", "waiting", "idle")
 _MOVING = {"transfer", "disk-read", "disk-write", "deserialize"}
@@ -171,6 +171,33 @@ def wait_spans(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> lis
     return out
 
 
+def released_records(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> list[dict]:
+    """Task-stream-like records of the tasks in ``keys`` that the run released while they ran
+    (a pruned group's packed task, an iterative step whose branch was cancelled): Dask's task
+    stream keeps none for them, so their ``graph.iterative.WAIT_TOPIC`` message carries the
+    span they ran (``"released"``); without it their seconds would read as ``idle``.
+
+    >>> released_records([{"key": "pack", "worker": "w", "spans": [], "released": [1.0, 3.0]},
+    ...                   {"key": "fit", "worker": "w", "spans": [[1.0, 2.0]]}], {"pack", "fit"})
+    [{'key': 'pack', 'worker': 'w', 'startstops': [{'action': 'compute', 'start': 1.0, 'stop': 3.0}]}]
+    """
+    wanted = set(keys)
+    out = []
+    for msg in messages:
+        if not isinstance(msg, Mapping) or not msg.get("released"):
+            continue
+        key = msg.get("key")
+        if (key_of(key) if key_of is not None and isinstance(key, str) else key) not in wanted:
+            continue
+        try:
+            a, b = float(msg["released"][0]), float(msg["released"][1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        out.append({"key": key, "worker": msg.get("worker"),
+                    "startstops": [{"action": "compute", "start": a, "stop": b}]})
+    return out
+
+
 def _begin_on_scheduler(dask_scheduler) -> int:
     """Make sure the scheduler keeps a task stream; its record count now (the run's first)."""
     from distributed.diagnostics.task_stream import TaskStreamPlugin
@@ -255,5 +282,6 @@ class Collector:
                            what="reading the rung waits")
         except (NoAnswer, OSError):
             return None
+        records = [*records, *released_records(waits, keys, key_of=original_key)]
         return breakdown(records, self.start, end, threads, source_keys(compiled.graph), key_of=original_key,
                          imports=self.imports, waits=wait_spans(waits, keys, key_of=original_key))

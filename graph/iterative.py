@@ -22,6 +22,8 @@ wrapped in :class:`Iterative`:
 * the seconds it waited at rungs are sent on :data:`WAIT_TOPIC` when it ends (with its worker
   and each wait's ``(start, stop)`` in the worker's clock), so the run's ``seconds`` count what
   the step computed, not its waits, and the time breakdown (``graph.breakdown``) shows them;
+  a task the run released while it ran also sends its own ``(start, stop)`` there
+  (``"released"``): Dask's task stream keeps no record of a released task;
 * on ``"stop"`` the generator is closed (its ``finally`` runs) and the task returns
   :class:`Pruned` at once, freeing its worker thread for the next task;
 * between iterations, a task the run has cancelled (its future released) closes its
@@ -83,6 +85,7 @@ REPORT_TOPIC = "quiver-report"
 #: The topic an iterative task sends, when it ends, the seconds it spent waiting at rungs on
 #: (``{"key", "seconds", "worker", "spans"}``, ``spans``: each wait's ``(start, stop)``):
 #: :class:`graph.monitor.RunMonitor` leaves them out of its compute, ``graph.breakdown`` shows them.
+#: A task the run released while it ran adds ``"released": (start, stop)``, the span it ran.
 WAIT_TOPIC = "quiver-wait"
 CONTINUE, STOP = "continue", "stop"
 #: Seconds a step waits on its gate between checks that its task was not cancelled.
@@ -131,6 +134,7 @@ class _Task:
         self.worker = current_worker()
         self.key = current_task() if self.worker is not None else None
         self.attempt = uuid.uuid4().hex[:12]
+        self.began = time.time()  # in the worker's clock, as Dask's task stream
         self.sent: dict = {}  # the last report sent (a rung report is sent again while it waits)
 
     @property
@@ -170,10 +174,18 @@ class _Task:
 
     def send_waited(self) -> None:
         """Tell the run's monitor how long this task waited at rungs (sent before the task
-        ends, on the same stream as its end, so the monitor has it when the task finishes)."""
-        if self.live and self.waited > 0:
-            self.worker.log_event(WAIT_TOPIC, {"key": str(self.key), "seconds": self.waited,
-                                               "worker": self.worker.address, "spans": list(self.spans)})
+        ends, on the same stream as its end, so the monitor has it when the task finishes), and,
+        when the run has released the task, the span it ran (``"released"``): Dask's task stream
+        keeps no record of it, and the time breakdown would count those seconds as idle."""
+        if not self.live:
+            return
+        released = self.cancelled()
+        if self.waited > 0 or released:
+            msg = {"key": str(self.key), "seconds": self.waited, "worker": self.worker.address,
+                   "spans": list(self.spans)}
+            if released:
+                msg["released"] = [self.began, time.time()]
+            self.worker.log_event(WAIT_TOPIC, msg)
 
     def _answer(self, iteration: int) -> str:
         from distributed import Event, Variable

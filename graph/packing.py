@@ -350,32 +350,38 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
             trainer.add(k, members[k], resume=states.get(k))
         arrived(states)
 
-    sync(fair=True)
-    while trainer.active:
-        reports = trainer.epoch()
-        gated = []
-        for k, report in reports.items():
-            made[k] = n = made.get(k, 0) + 1
-            last[k] = report
-            prune = prunes.get(k)
-            gate = prune is not None and prune.rung_of(n) is not None
-            task = tasks.get(k) or tasks.setdefault(k, _MemberTask(pack, k))
-            task.send(n, report, gate)
-            if prune is not None and prune.ends(n):
-                if k in trainer.active:
-                    trainer.finish(k)
-                continue  # as Iterative: the report that makes max_iter ends the branch, unasked
-            if gate:
-                gated.append((k, n))
-        for k, n in gated:  # every member's answer comes as soon as its report is ranked
-            if tasks[k].answer(n) == STOP:
-                values[k] = Pruned(n, dict(last[k]))
-                if k in trainer.pending:
-                    trainer.remove(k)
-        ended.extend(k for k in reports if k not in trainer.pending)
-        if pack.cancelled():
-            break
-        sync()  # places freed by pruned and finished members: claim waiting ones (or take one over)
+    try:
+        sync(fair=True)
+        while trainer.active:
+            reports = trainer.epoch()
+            gated = []
+            for k, report in reports.items():
+                made[k] = n = made.get(k, 0) + 1
+                last[k] = report
+                prune = prunes.get(k)
+                gate = prune is not None and prune.rung_of(n) is not None
+                task = tasks.get(k) or tasks.setdefault(k, _MemberTask(pack, k))
+                task.send(n, report, gate)
+                if prune is not None and prune.ends(n):
+                    if k in trainer.active:
+                        trainer.finish(k)
+                    continue  # as Iterative: the report that makes max_iter ends the branch, unasked
+                if gate:
+                    gated.append((k, n))
+            for k, n in gated:  # every member's answer comes as soon as its report is ranked
+                if tasks[k].answer(n) == STOP:
+                    values[k] = Pruned(n, dict(last[k]))
+                    if k in trainer.pending:
+                        trainer.remove(k)
+            ended.extend(k for k in reports if k not in trainer.pending)
+            if pack.cancelled():
+                break
+            sync()  # places freed by pruned and finished members: claim waiting ones (or take one over)
+    finally:
+        # the members' waits at rungs held this task's thread: sent as its own (graph.breakdown)
+        pack.waited = sum(t.waited for t in tasks.values())
+        pack.spans = tuple(sorted(span for t in tasks.values() for span in t.spans))
+        pack.send_waited()
     for k in trainer.configs:
         if k in values or k in lost:
             continue

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import gpu
 import pipelines
 from gpu.packing import PackedTrainer, tune_members
-from graph.iterative import ReportChannel
+from graph.iterative import WAIT_TOPIC, ReportChannel
 from graph.packing import pack_compiled, packable_groups, packed_train
 from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
@@ -295,6 +295,11 @@ def test_packed_task_reports_and_waits_per_member_key_and_drops_pruned_members(c
         channel.close()
     pruned = {k for k in keys if halving.stopped(keys[k]) is not None and halving.stopped(keys[k]).pruned}
     assert pruned  # three branches at rung 1: only the best continues past it
+    # the members' waits for those answers held the packed task's thread: sent under its own key
+    # (graph.breakdown counts them as waiting, graph.monitor leaves them out of its compute)
+    waits = [m for _, m in client.get_events(WAIT_TOPIC) if m.get("key") == "packed-test"]
+    assert len(waits) == 1 and waits[0]["seconds"] > 0 and "released" not in waits[0]
+    assert sum(b - a for a, b in waits[0]["spans"]) == pytest.approx(waits[0]["seconds"], rel=0.05, abs=0.01)
     alone = {k: PackedTrainer(digits, MLP, {k: members[k]}, **SHARED).run()[k] for k in keys}
     for k in keys:
         mine = [r for key, _, r in log if key == k]
@@ -306,6 +311,34 @@ def test_packed_task_reports_and_waits_per_member_key_and_drops_pruned_members(c
             assert not isinstance(values[k], Pruned)
             assert_same_curves(values[k]["history"], alone[k]["history"])
             assert [r["accuracy"] for r in mine] == [h["accuracy"] for h in values[k]["history"]]
+
+
+def test_a_packed_task_the_run_releases_says_how_long_it_ran(client, digits):
+    """Dask's task stream keeps no record of a task released while it ran: the packed task sends
+    its own span (``released``) with its rung waits, for the run's time breakdown."""
+    prune = PruneSpec(factor=3, min_iter=1)
+    keys = ("r-a", "r-b")
+    members = {k: dict(MEMBERS[n], epochs=30) for k, n in zip(keys, "ab")}
+    reports: queue.Queue = queue.Queue()
+    channel = ReportChannel(client, lambda key, i, report: reports.put((key, i)), keys=set(keys))
+    try:
+        fut = client.submit(packed_train, digits, model=MLP, members=members, shared=dict(SHARED, epochs=30),
+                            prunes={k: prune for k in keys}, active=None, key="packed-released", pure=False)
+        key, i = reports.get(timeout=WAIT)  # training: the first member's first report (a rung)
+        channel.resume(key, i)
+        started = time.time()
+        fut.release()  # the run lets it go (a pruned group, a cancelled branch)
+        deadline = time.monotonic() + WAIT
+        mine: list = []
+        while not mine and time.monotonic() < deadline:
+            mine = [m for _, m in client.get_events(WAIT_TOPIC) if m.get("key") == "packed-released"]
+            time.sleep(0.05)
+    finally:
+        channel.close()
+    assert len(mine) == 1 and "released" in mine[0]
+    a, b = mine[0]["released"]
+    assert a < started <= b  # from the task's start to after the release: what it ran
+    assert mine[0]["worker"] in client.scheduler_info()["workers"]
 
 
 def test_a_packed_run_chooses_what_an_unpacked_run_chooses(client):
@@ -445,6 +478,8 @@ def test_a_pruning_run_prunes_packed_members_at_rungs_and_the_others_keep_their_
             assert len(mine) == 3
     finished = table[table["status"] == "ok"]
     assert pruned_run.value["accuracy"] == pytest.approx(finished["accuracy"].max())
+    # its members' rung waits (round trips to the run) show in the time breakdown, out of computing
+    assert pruned_run.stats["time_breakdown"]["waiting"] > 0
 
 
 def test_no_take_over_while_other_tasks_wait_for_the_workers_thread():

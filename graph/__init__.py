@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .daskdefaults import install as _install_dask_defaults
 from .errors import PipelineError, RunError
+
+_install_dask_defaults()  # distributed's config defaults, as soon as Dask is imported (graph.daskdefaults)
 
 __all__ = [
     "Branch",

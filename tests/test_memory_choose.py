@@ -13,6 +13,8 @@ import pytest
 
 from graph import RunError
 from graph.cluster import connect
+from graph.memory.budget import measure_baseline
+from graph.memory.limits import data_share
 from graph.memory.spill import MemoryPlanPlugin, PlannedSpillBuffer
 from pipelines import Pipeline
 from tests.big_steps import exploration
@@ -68,16 +70,23 @@ def total(x) -> float:
 
 
 def test_after_a_run_the_budget_stopped_the_cluster_runs_the_next_one():
-    # a fresh cluster: on workers whose memory grew in earlier tests, the 140 MiB result can
-    # push a worker past the nanny's terminate threshold before the guard sees it (a known gap)
+    # a fresh cluster: on workers whose memory grew in earlier tests, a result over the share
+    # could push a worker past the nanny's terminate threshold before the guard sees it (a known gap)
     with connect(n_workers=2, memory_budget=BUDGET, quiet=True) as budget_client:
         _stop_then_run(budget_client)
 
 
 def _stop_then_run(budget_client):
+    # 24 MiB above a worker's share for results, as the run will measure it (70% of 320 MiB less
+    # an idle worker's memory plus 15%: ~50 MiB once the run's libraries are in), and far below
+    # what kills a worker (304 MiB): a worker holds about 250 MiB less 15% of its idle memory.
+    # A fixed 140 MiB put a worker idle at ~150 MiB within a few MiB of that line; once, in CI,
+    # its nanny restarted it before the run's guard could stop the run
+    Pipeline("warm").source(big, n_bytes=MiB).then(total).run(budget_client, memory_budget=BUDGET, progress=False)
+    workers, baseline = measure_baseline(budget_client)
+    n_bytes = data_share(BUDGET, workers=workers, baseline=baseline) + 24 * MiB
     with pytest.raises(RunError, match="'big'"):
-        # above a worker's share for results (~100 MiB) but below what kills it (304 MiB)
-        Pipeline("too-big").source(big, n_bytes=140 * MiB).then(total).run(
+        Pipeline("too-big").source(big, n_bytes=n_bytes).then(total).run(
             budget_client, memory_budget=BUDGET, progress=False
         )
     r = Pipeline("fine").source(big, n_bytes=MiB).then(total).run(budget_client, memory_budget=BUDGET, progress=False)

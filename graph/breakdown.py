@@ -154,21 +154,32 @@ def wait_spans(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> lis
     >>> wait_spans([{"key": "fit", "worker": "w", "spans": [[1.0, 2.0]]}, {"key": "other", "spans": []}, None], {"fit"})
     [('w', 1.0, 2.0)]
     """
-    wanted = set(keys)
     out = []
+    for msg in _runs_messages(messages, keys, key_of):
+        for span in msg.get("spans") or ():
+            pair = _span(span)
+            if pair is not None:
+                out.append((msg.get("worker"), *pair))
+    return out
+
+
+def _runs_messages(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> Iterable[Mapping]:
+    """The ``WAIT_TOPIC`` messages (mappings) of a task in ``keys`` (through ``key_of``)."""
+    wanted = set(keys)
     for msg in messages:
         if not isinstance(msg, Mapping):
             continue
         key = msg.get("key")
-        if (key_of(key) if key_of is not None and isinstance(key, str) else key) not in wanted:
-            continue
-        for span in msg.get("spans") or ():
-            try:
-                a, b = float(span[0]), float(span[1])
-            except (TypeError, ValueError, IndexError):
-                continue
-            out.append((msg.get("worker"), a, b))
-    return out
+        if (key_of(key) if key_of is not None and isinstance(key, str) else key) in wanted:
+            yield msg
+
+
+def _span(span: Any) -> tuple[float, float] | None:
+    """``(start, stop)`` as floats, ``None`` when malformed."""
+    try:
+        return float(span[0]), float(span[1])
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def released_records(messages: Iterable[Any], keys: Iterable[str], key_of=None) -> list[dict]:
@@ -181,20 +192,12 @@ def released_records(messages: Iterable[Any], keys: Iterable[str], key_of=None) 
     ...                   {"key": "fit", "worker": "w", "spans": [[1.0, 2.0]]}], {"pack", "fit"})
     [{'key': 'pack', 'worker': 'w', 'startstops': [{'action': 'compute', 'start': 1.0, 'stop': 3.0}]}]
     """
-    wanted = set(keys)
     out = []
-    for msg in messages:
-        if not isinstance(msg, Mapping) or not msg.get("released"):
-            continue
-        key = msg.get("key")
-        if (key_of(key) if key_of is not None and isinstance(key, str) else key) not in wanted:
-            continue
-        try:
-            a, b = float(msg["released"][0]), float(msg["released"][1])
-        except (TypeError, ValueError, IndexError):
-            continue
-        out.append({"key": key, "worker": msg.get("worker"),
-                    "startstops": [{"action": "compute", "start": a, "stop": b}]})
+    for msg in _runs_messages(messages, keys, key_of):
+        pair = _span(msg.get("released") or ())
+        if pair is not None:
+            out.append({"key": msg.get("key"), "worker": msg.get("worker"),
+                        "startstops": [{"action": "compute", "start": pair[0], "stop": pair[1]}]})
     return out
 
 

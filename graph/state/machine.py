@@ -240,18 +240,20 @@ class ExplorationState:
         """Apply ``events`` in order, then settle: decide, open, submit, release. Returns the instructions."""
         self._out = []
         reports: list[Report] = []  # consecutive reports of distinct steps: ranked together
+        steps: set[str] = set()  # their steps' keys
         for ev in events:
             if self.aborted is not None and not isinstance(ev, Abort):
                 continue
             if isinstance(ev, Report):
-                if any(original_key(r.name) == original_key(ev.name) for r in reports):
+                if original_key(ev.name) in steps:  # a step's second report: after its first
                     self._reports(reports)
-                    reports = []
+                    reports, steps = [], set()
                 reports.append(ev)
+                steps.add(original_key(ev.name))
                 continue
             if reports:
                 self._reports(reports)
-                reports = []
+                reports, steps = [], set()
             self._event(ev)
         if reports and self.aborted is None:
             self._reports(reports)

@@ -32,6 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .parcels import opened
 from .state.metric import extract_metric
 
 __all__ = ["METRIC_TOPIC", "MetricListener", "ReadsMetrics", "read_all"]
@@ -84,7 +85,7 @@ class ReadsMetrics:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         value = self.fn(*args, **kwargs)
-        _send(self.reads, value)
+        _send(self.reads, opened(value))
         return value
 
 

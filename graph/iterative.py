@@ -62,6 +62,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .parcels import opened_args, parcel, retrying
 from .scalars import scalar_entries
 from .spec import PruneSpec, fn_name
 from .state.halving import Pruned
@@ -259,7 +260,12 @@ class Iterative:
         return (Iterative, (self.fn, self.prune))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        gen = _iterate_of(self.fn)(*args, **kwargs)
+        args, kwargs = opened_args(args, kwargs)  # the inputs unpickle here, on the task's thread
+        value = self._run(*args, **kwargs)
+        return value if isinstance(value, Pruned) else parcel(value, self.__name__)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        gen = retrying(_iterate_of(self.fn), *args, **kwargs)
         if not isinstance(gen, Generator):
             return gen
         task = _Task()

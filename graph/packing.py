@@ -55,6 +55,7 @@ from typing import Any
 
 from .errors import PipelineError
 from .iterative import STOP, Iterative, _Task
+from .parcels import opened
 from .spec import PruneSpec
 from .state.claims import arriving, claim, collect, give, progress
 from .state.halving import Pruned
@@ -278,6 +279,7 @@ def packed_train(data: Any, *, model: Any, members: Mapping[str, Mapping], share
     member leaves), takes one over from a busier pack of its group when it would otherwise end
     idle, and drops a member another pack took over; so the group's packed tasks share its
     members at run time. Without it (or outside a Dask task) it trains every member of ``members``."""
+    data = opened(data)  # the input unpickles here, on the task's thread (graph.parcels)
     trainer_class, _, default_epochs = _trainer_kind(kind)
     pack = _Task()
     moves = bool(getattr(trainer_class, "resumes", False)) and claims is not None and pack.worker is not None

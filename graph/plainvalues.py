@@ -9,7 +9,7 @@ of a number. :class:`PlainStep` wraps such a step's function in its task and rai
 (docs/architecture.md §8; docs/guide/collections.md).
 
 >>> step = PlainStep(lambda x: {"m": x + 1}, "pipeline 'p', explore('m')", "inc", source=False)
->>> step(1)
+>>> step(1)            # in a Dask task its value is a parcel (graph.parcels), opened where it is used
 {'m': 2}
 >>> import dask
 >>> step = PlainStep(lambda: dask.delayed(sum)([1, 2]), "pipeline 'p', source(load)", "load", source=True)
@@ -24,6 +24,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from .parcels import opened_args, parcel, retrying
 
 __all__ = ["PlainStep", "CollectionValueError", "collection_in"]
 
@@ -60,6 +62,10 @@ def collection_in(value: Any) -> str | None:
 class PlainStep:
     """A plain step's function, refusing a value that holds a Dask collection.
 
+    Its inputs are opened (``graph.parcels``) and its value returned as a parcel, so whatever
+    the values need to import is imported on the task's thread; an import deadlock with
+    another of the worker's threads is retried (``graph.parcels.retrying``).
+
     ``fn`` stays reachable as ``.fn`` (``graph.rerun`` and ``graph.tracebacks`` look through it)."""
 
     __slots__ = ("fn", "where", "label", "source", "__name__")
@@ -72,11 +78,12 @@ class PlainStep:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        value = self.fn(*args, **kwargs)
+        args, kwargs = opened_args(args, kwargs)  # the inputs unpickle here, on the task's thread
+        value = retrying(self.fn, *args, **kwargs)
         found = collection_in(value)
         if found is not None:
             raise CollectionValueError(self.message(found))
-        return value
+        return parcel(value, self.label)
 
     def message(self, found: str) -> str:
         if self.source:

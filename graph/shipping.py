@@ -22,26 +22,46 @@ __all__ = ["ByValue", "shippable", "check_picklable"]
 
 
 class ByValue:
-    """A callable that pickles the function it wraps by value."""
+    """A callable that pickles the function it wraps by value.
 
-    __slots__ = ("fn", "__name__")
+    Where it arrives it stays bytes until first called (or its ``fn`` read): the function's
+    unpickling, and the imports its globals need, happen on the task's thread, not on the
+    worker's event loop beside a running task's imports (``graph.parcels``).
+
+    >>> import pickle
+    >>> f = pickle.loads(pickle.dumps(ByValue(abs)))
+    >>> f.__name__, f(-2)
+    ('abs', 2)
+    """
+
+    __slots__ = ("_fn", "_blob", "__name__")
 
     def __init__(self, fn):
-        self.fn = fn
+        self._fn, self._blob = fn, None
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+
+    @property
+    def fn(self) -> Any:
+        if self._blob is not None:
+            from .parcels import retrying
+
+            self._fn, self._blob = retrying(cloudpickle.loads, self._blob), None
+        return self._fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
     def __reduce__(self):
-        return (_load, (cloudpickle.dumps(self.fn),))
+        return (_load, (self._blob if self._blob is not None else cloudpickle.dumps(self._fn), self.__name__))
 
     def __repr__(self) -> str:
-        return f"ByValue({self.fn!r})"
+        return f"ByValue({self.__name__})" if self._blob is not None else f"ByValue({self._fn!r})"
 
 
-def _load(blob: bytes) -> ByValue:
-    return ByValue(cloudpickle.loads(blob))
+def _load(blob: bytes, name: str = "") -> ByValue:
+    f = ByValue.__new__(ByValue)
+    f._fn, f._blob, f.__name__ = None, blob, name
+    return f
 
 
 def shippable(obj: Any) -> Any:

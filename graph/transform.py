@@ -43,6 +43,7 @@ from dask.task_spec import Task
 
 from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
 from .iterative import Iterative
+from .parcels import opened
 from .state.halving import Pruned
 from .rerun import RunOnce, is_rerun_safe, once_name
 from .store import ResultStore, load_stored, write_result
@@ -58,12 +59,13 @@ class SaveResult:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        value = self.fn(*args, **kwargs)
+        made = self.fn(*args, **kwargs)  # a plain step's parcel (graph.parcels) travels on as it is
+        value = opened(made)
         # a pruned step stores nothing (it reruns next time), nor does a read of its value
         # (a metric task that ran before the run's cancel reached the scheduler)
         if not isinstance(value, Pruned) and not any(isinstance(a, Pruned) for a in (*args, *kwargs.values())):
             write_result(self.path, self.key, value)
-        return value
+        return made
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..parcels import opened
 from ..scalars import scalar_entries
 from .halving import Pruned
 
@@ -49,7 +50,9 @@ def extract_metric(value: Any, metric: Any, where: str) -> tuple[float, dict[str
 
     A step a pruning choose stopped (``graph.state.halving.Pruned``) gives NaN quietly: the run
     cancelled this read when it stopped the step, but the cancel travels on the client's
-    batched stream and may reach the scheduler after the step returned; nothing reads it."""
+    batched stream and may reach the scheduler after the step returned; nothing reads it.
+    A parcel (``graph.parcels``) is read on this thread."""
+    value = opened(value)
     if isinstance(value, Pruned):
         return float("nan"), {}
     if callable(metric):

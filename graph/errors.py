@@ -8,7 +8,7 @@ graph.errors.PipelineError: explore('pca'): grid(pca, n_components=[]) is empty
 
 from __future__ import annotations
 
-__all__ = ["PipelineError", "RunError"]
+__all__ = ["BranchFailureWarning", "PipelineError", "RunError"]
 
 
 class PipelineError(ValueError):
@@ -28,3 +28,7 @@ class RunError(RuntimeError):
     def __init__(self, message: str, table=None):
         super().__init__(message)
         self.table = table
+
+
+class BranchFailureWarning(UserWarning):
+    """Every branch through one alternative failed: the choice was made without it."""

@@ -21,6 +21,7 @@ import threading
 import time
 import traceback as tb_module
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,11 @@ from .bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, wi
 from .compiler import CompiledPipeline, reads_for_run
 from .dashboard import ensure_dashboard
 from .dashboard.protocol import ExplorationPublisher, TrainingWatch
-from .errors import RunError
+from .errors import BranchFailureWarning, RunError
 from .memory.budget import BudgetedRun
 from .monitor import RunMonitor, snapshot_on_scheduler
 from .options import RunOptions, check_options
+from .parcels import RETRY_TOPIC, opened, retries_by_key, set_client_process
 from .progress import Progress
 from .state import (
     Abort,
@@ -61,6 +63,7 @@ from .state import (
     Warn,
     Watch,
 )
+from .state.failures import failed_everywhere, failure_kind
 from .table import build_table
 from .transform import prepare
 
@@ -549,6 +552,7 @@ class _Run:
     snap: dict = field(default_factory=dict)  # the monitor's figures (snapshot_on_scheduler)
     rows: list = field(default_factory=list)
     budget_stats: dict = field(default_factory=dict)
+    retries: dict = field(default_factory=dict)  # infrastructure retries per task key (graph.parcels)
     threads: int = 0
 
     @classmethod
@@ -558,6 +562,7 @@ class _Run:
         and the driver."""
         start = time.perf_counter()
         run_id = uuid.uuid4().hex[:12]
+        set_client_process()  # workers in this process (processes=False, the bridge) share its values
         prepared = prepare(reads_for_run(compiled, store=opts.store), opts.store, run_id)
         compiled = prepared.compiled
         state = ExplorationState(compiled, on_metric_error=opts.on_metric_error)
@@ -629,7 +634,7 @@ class _Run:
         ok = [(rows[j].branch.key, name) for j, name in names.items()]
         futs = [driver.futures[name] for _, name in ok]
         gathered = driver.ask(client.gather, futs, what="gathering the results") if ok else []
-        values = {key: v for (key, _), v in zip(ok, gathered)}
+        values = {key: opened(v) for (key, _), v in zip(ok, gathered)}  # unpickled on this thread
         lazy = [rows[j].branch for j in names if rows[j].branch.lazy is not None]
         if lazy:
             from .collections import finish_value
@@ -644,6 +649,9 @@ class _Run:
         the worker threads (for the busy fraction)."""
         driver = self.driver
         self.snap = self.snapshot()
+        events = driver.ask(self.client.get_events, RETRY_TOPIC, what="reading the workers' retries")
+        ours = set(self.compiled.graph) | set(self.compiled.metric_graph)
+        self.retries = {k: n for k, n in retries_by_key(events).items() if k in ours}
         self.budget_stats = driver.ask(self.budgeted.stats, self.snap, self.compiled,
                                        what="reading the workers' spill counters")
         try:
@@ -681,6 +689,7 @@ class _Run:
             "lost_results": state.lost,
             "second_pass_copies": state.copies_made,  # graph/memory/secondpass.py: partitions computed again, not held
             "bridge_tasks": snap.get("bridge_tasks", 0),  # finished in the user's process (graph/bridge.py)
+            "infrastructure_retries": sum(self.retries.values()),  # graph/parcels.py: import deadlocks retried
         }
         stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
@@ -692,7 +701,8 @@ class _Run:
     def record(self, values: dict, raise_if_all_failed: bool) -> RunRecord:
         """The table, the kept values and the statistics; a ``RunError`` when every branch failed."""
         rows = self.rows
-        table, kept = build_table(self.compiled, rows, values, self.snap.get("seconds", {}))
+        table, kept = build_table(self.compiled, rows, values, self.snap.get("seconds", {}), self.retries)
+        _warn_failed_alternatives(rows)
         if self.state.halving:
             table.attrs["rungs"] = self.state.rung_log()  # Result.rungs: every arrival at a rung, in order
         stats = self.stats()
@@ -707,6 +717,21 @@ class _Run:
             )
         return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
                          compiled=self.compiled, memory_plan=self.budgeted.plan, run_id=self.run_id)
+
+
+def _warn_failed_alternatives(rows: list) -> None:
+    """One ``BranchFailureWarning`` line per alternative every branch through which failed
+    (``graph.state.failures``): the choice was made without it."""
+    found = failed_everywhere(
+        ({name: label for name, label, _ in r.branch.choice_items}, r.status, r.error) for r in rows
+    )
+    for explore, label, n, first in found:
+        first_line = first.splitlines()[0] if first else first
+        warnings.warn_explicit(  # one line: no source line of Quiver's to show
+            f"every branch through {explore}={label} failed ({n} of {n}), so the choice was made without it; "
+            f"the first error: {first_line} ({failure_kind(first)} error). See result.table's error columns.",
+            BranchFailureWarning, filename="quiver", lineno=0,
+        )
 
 
 def _left(deadline: list[float]) -> float:

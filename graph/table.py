@@ -2,8 +2,10 @@
 
 Columns: one per explore name (the alternative's label), one per parameter
 (``"<explore>.<param>"``), the choose metric columns, then scalar entries of the
-branch's final output when it is a mapping, then (when the run has an iterative step) ``iterations``, then ``status``, ``seconds``,
-``chosen``, ``error``, ``failed_step`` and ``traceback``.
+branch's final output when it is a mapping, then (when the run has an iterative step) ``iterations``,
+(when a step was retried after an infrastructure error) ``retries``, then ``status``, ``seconds``,
+``chosen``, ``error``, ``error_kind`` (``graph.state.failures``: ``step``, ``infrastructure`` or
+``serialisation``), ``failed_step`` and ``traceback``.
 
 ``iterations``: the reports the branch's iterative steps made (docs/architecture.md §7): for a
 pruned branch, the iteration it was stopped at; 0 for a branch with no iterative step, or whose
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .compiler import CompiledPipeline, scalar_entries
+from .state.failures import failure_kind
 from .state.ranking import sort_key
 from .spec import fn_name
 from .state.rows import RowState
@@ -67,8 +70,10 @@ def build_table(
     rows: list[RowState],
     values: dict[str, Any],
     seconds: dict[str, float],
+    retries: dict[str, int] | None = None,
 ) -> tuple[Any, list]:
-    """Return ``(table, kept values best first)``."""
+    """Return ``(table, kept values best first)``. ``retries``: infrastructure retries per task
+    key (``graph.parcels``); a ``retries`` column counts those of each branch's steps when any."""
     import pandas as pd  # only here: the rows themselves are imported where pandas is not needed
 
     names = compiled.explore_names
@@ -106,13 +111,18 @@ def build_table(
         rec["seconds"] = spent
         rec["chosen"] = r.chosen
         rec["error"] = r.error
+        rec["error_kind"] = failure_kind(r.error)
         rec["failed_step"] = r.failed_step
+        if retries:
+            rec["retries"] = sum(retries.get(k, 0) for k in r.branch.lineage)
         rec["traceback"] = r.traceback
         records.append(rec)
     fixed = list(names) + list(param_cols) + list(metric_cols)
-    tail = ["status", "seconds", "chosen", "error", "failed_step", "traceback"]
+    tail = ["status", "seconds", "chosen", "error", "error_kind", "failed_step", "traceback"]
     if any(r.iterations is not None for r in rows):
         tail.insert(0, "iterations")
+    if retries:
+        tail.insert(tail.index("status"), "retries")
     extra: dict[str, None] = {}
     for rec in records:
         for k in rec:

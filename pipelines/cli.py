@@ -9,8 +9,10 @@
 The file is loaded under its own module name (not ``__main__``), so code guarded
 by ``if __name__ == "__main__":`` does not run; its functions are shipped to the
 workers by value, so the workers need not be able to import the file.
-Exit status: 0 on success, 1 when the run or the file fails (one line on stderr),
-2 for bad arguments.
+Exit status: 0 on success, 1 when the run or the file fails (one line on stderr), or
+when a branch failed for a reason that is not its step's own exception (an infrastructure
+error, a value that cannot be pickled; with ``--strict``: any failed branch), 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -162,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every branch even when the first branches at a choose cannot give their metric for the "
         "same reason (by default the run stops at once, naming the cause)",
     )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit with status 1 when any branch failed (by default only a failure that is not the step's "
+        "own exception does: an infrastructure error its retries did not cure, a value that cannot be pickled)",
+    )
     run.add_argument("--json", type=_json_path, metavar="PATH", help="also write the table and stats to PATH as JSON")
     run.add_argument(
         "--report",
@@ -221,7 +229,7 @@ def _print_result(result, out) -> None:
 
     table = result.table.drop(columns=["traceback"])
     if table["error"].isna().all():
-        table = table.drop(columns=["error", "failed_step"])
+        table = table.drop(columns=["error", "error_kind", "failed_step"])
     table, metric, mode = sorted_by_metric(table, result.compiled)
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
         print(table.to_string(), file=out)
@@ -307,7 +315,24 @@ def main(argv: list[str] | None = None) -> int:
                        compiled=getattr(exc, "compiled", None))
         return 1
     _print_result(result, sys.stdout)
-    return _write_outputs(args, result)
+    written = _write_outputs(args, result)
+    return max(written, _failures_status(result.table, args.strict))
+
+
+def _failures_status(table, strict: bool) -> int:
+    """1 (with a line on stderr saying why) when the run's failed branches make it a failure
+    (``graph.state.failures.exit_status``), else 0."""
+    from graph.state.failures import exit_status
+
+    kinds = [k for k in table.get("error_kind", []) if isinstance(k, str)]
+    status = exit_status(kinds, strict=strict)
+    if status:
+        counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+        said = ", ".join(f"{n} {k}" for k, n in counts.items())
+        why = "--strict" if strict and all(k == "step" for k in kinds) else "not the steps' own errors"
+        print(f"quiver: error: {len(kinds)} branch(es) failed ({said}; {why}): see the table's error column",
+              file=sys.stderr)
+    return status
 
 
 def _write_outputs(args, result, *, error: str | None = None, table=None, compiled=None) -> int:

@@ -90,8 +90,8 @@ def table_records(table: Any, params: list[dict[str, Any]] | None = None, *, tra
     for n, (i, rec) in enumerate(table.iterrows()):
         row: dict[str, Any] = {"branch": int(i) if isinstance(i, numbers.Integral) else i}
         for col, v in rec.items():
-            if col == "traceback" and not tracebacks:
-                continue
+            if col == "traceback" and not (tracebacks or rec.get("status") == "failed"):
+                continue  # a failed branch keeps its traceback, in a finished run too
             if col in param_cols and params is not None:
                 if col in params[n]:
                     row[col] = params[n][col]

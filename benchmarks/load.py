@@ -115,7 +115,11 @@ def metric_reads(c) -> tuple[dict, list]:
 
 
 def metric_of(value, name: str) -> float:
-    """A metric from what :func:`metric_reads` asked for: a read task's ``(metric, scalars)`` or a step's value."""
+    """A metric from what :func:`metric_reads` asked for: a read task's ``(metric, scalars)`` or a step's value
+    (a parcel, ``graph.parcels``, opened here)."""
+    from graph.parcels import opened
+
+    value = opened(value)
     return value[0] if isinstance(value, tuple) else value[name]
 
 

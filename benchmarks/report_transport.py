@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from graph.iterative import Iterative, ReportChannel  # noqa: E402
+from graph.parcels import opened  # noqa: E402  (a step's value travels as a parcel)
 from graph.spec import PruneSpec  # noqa: E402
 
 TOPIC = "bench-report"
@@ -234,7 +235,7 @@ def measure_gates(client, tasks: int, iters: int) -> dict:
     th.start()
     rung, other = [], []
     for t in range(tasks):
-        res = client.submit(Iterative(gated, prune), iters, key=f"gated-{t}-{time.time_ns()}", pure=False).result()
+        res = opened(client.submit(Iterative(gated, prune), iters, key=f"gated-{t}-{time.time_ns()}", pure=False).result())
         r, o = split(res["waits"], prune)
         rung += r
         other += o

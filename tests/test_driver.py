@@ -14,6 +14,7 @@ from graph.executor import execute
 from graph.rerun import not_rerunnable
 from pipelines import Pipeline, grid
 from tests import steps
+from graph.parcels import opened
 
 
 def _exploration_events(client, since):
@@ -92,7 +93,8 @@ def test_a_result_lost_after_its_callback_fired_is_still_taken_as_finished():
         done.join(30)
         assert not done.is_alive(), "the run waits for an outcome it dropped"
         assert driver.state.rows()[0].status == "ok"
-        assert c.gather(driver.futures[key], direct=False)["path"].endswith("sleep(2.0)")
+        # a step's value travels as a parcel (graph.parcels): opened here, as the run opens it
+        assert opened(c.gather(driver.futures[key], direct=False))["path"].endswith("sleep(2.0)")
 
 
 def test_a_failed_run_leaves_no_run_once_markers_on_the_scheduler(client):

@@ -19,6 +19,7 @@ import pytest
 from graph.iterative import Iterative, ReportChannel
 from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
+from graph.parcels import opened
 
 WAIT = 120  # seconds before a test gives up waiting for an event (a hang, not a timing check)
 
@@ -109,7 +110,7 @@ def test_reports_arrive_in_order_while_the_step_runs(client, log_dir):
         driver.until("counting-1", 3)  # the step cannot finish before the test writes the gate
         assert not fut.done()
         Path(gate).write_text("go")
-        assert fut.result(timeout=WAIT) == {"done": 5}
+        assert opened(fut.result(timeout=WAIT)) == {"done": 5}
         driver.until("counting-1", 5)
     finally:
         driver.channel.close()
@@ -134,8 +135,8 @@ def test_a_stop_at_a_rung_closes_the_generator_and_frees_its_worker(client, log_
         # best is endless: stop it by cancelling its task (the run's other way to stop a step)
         best.cancel()
         driver.until("loser", 1)  # rung 1, second there, worse: the driver stops it
-        result = loser.result(timeout=WAIT)
-        assert after.result(timeout=WAIT) == {"saw_closed": True}
+        result = opened(loser.result(timeout=WAIT))
+        assert opened(after.result(timeout=WAIT)) == {"saw_closed": True}
     finally:
         driver.channel.close()
     assert result == Pruned(1, {"score": 0.5})
@@ -151,7 +152,7 @@ def test_max_iter_closes_the_generator_and_returns_the_last_report(client, log_d
     try:
         fut = client.submit(Iterative(endless, prune), "capped", log_dir, (3.0, 2.0, 1.0), key="capped", pure=False)
         driver.until("capped", 3)  # answers rungs 1 and 2 (the step waits there)
-        assert fut.result(timeout=WAIT) == {"score": 1.0}
+        assert opened(fut.result(timeout=WAIT)) == {"score": 1.0}
     finally:
         driver.channel.close()
     assert Path(log_dir, "capped.closed").read_text() == "3"
@@ -172,7 +173,7 @@ def test_a_step_restarted_after_its_worker_was_killed_replays_without_double_cou
             assert pid in c.run(os.getpid).values()  # a worker process this test's cluster started
             os.kill(pid, signal.SIGKILL)
             driver.until("restartable-1", 5)  # the driver answers rung 4 (rungs 1, 2: answered before)
-            assert fut.result(timeout=WAIT) == {"score": 0.2, "attempt": 2}
+            assert opened(fut.result(timeout=WAIT)) == {"score": 0.2, "attempt": 2}
         finally:
             driver.channel.close()
     assert [i for _, i, _ in driver.log] == [1, 2, 3, 4, 5]  # each iteration delivered once
@@ -213,7 +214,7 @@ def test_branches_are_pruned_at_the_rungs_the_rule_says_and_free_their_workers(c
                 driver.next(timeout=0.2)  # a poll, so the loop sees the futures finish
             except queue.Empty:
                 pass
-        results = client.gather(futures)
+        results = [opened(r) for r in client.gather(futures)]  # a step's value travels as a parcel
     finally:
         driver.channel.close()
     # decisions: the rule, replayed literally on the rung reports in the order they arrived
@@ -308,7 +309,7 @@ def test_a_step_whose_answer_was_deleted_before_it_read_it_frees_its_thread(log_
             driver.until("gone-1", 1)  # it waits at rung 1
             fut.cancel()  # the run ended: its futures are released
             after = c.submit(starts, "after", log_dir, "gone.closed", key="after", pure=False)
-            assert after.result(timeout=WAIT) == {"saw_closed": True}  # the one thread was freed
+            assert opened(after.result(timeout=WAIT)) == {"saw_closed": True}  # the one thread was freed
         finally:
             driver.channel.close()
     assert Path(log_dir, "gone.closed").read_text() == "1"

@@ -123,11 +123,12 @@ def test_closing_a_gang_stops_every_member_at_the_next_epoch_boundary(client, di
 
 def test_two_single_worker_trainings_run_side_by_side(client, digits, log_dir):
     from graph.iterative import Iterative
+    from graph.parcels import opened
 
     kw = dict(epochs=2, batch_size=32, replicas=1, workers=1)
     a = client.submit(Iterative(drive), digits, "a", "b", log_dir, kw, pure=False)
     b = client.submit(Iterative(drive), digits, "b", "a", log_dir, kw, pure=False)
     # each waits after its first epoch for the other's: both finish only if they overlapped
-    assert a.result(timeout=2 * WAIT) == {"me": "a"}
-    assert b.result(timeout=2 * WAIT) == {"me": "b"}
+    assert opened(a.result(timeout=2 * WAIT)) == {"me": "a"}  # a step's value travels as a parcel
+    assert opened(b.result(timeout=2 * WAIT)) == {"me": "b"}
     assert sorted(os.listdir(log_dir)) == ["a", "b"]

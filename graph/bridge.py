@@ -184,6 +184,14 @@ class Bridge:
         stimulus = f"quiver-bridge-retire-{time.time()}"
         await scheduler.retire_workers(workers=[worker.address], close_workers=False, remove=False,
                                        stimulus_id=stimulus)
+        # the scheduler's "closing_gracefully" (sent by retire_workers on the worker's stream) must
+        # reach the worker before it starts closing: arriving after, Dask logs "Invalid
+        # Worker.status transition: Status.closing -> Status.closing_gracefully" as an ERROR into
+        # the user's output (issue 44: 2 of 7 README runs, when the script ended at once)
+        try:
+            await asyncio.wait_for(worker.told_retiring().wait(), timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        except asyncio.TimeoutError:  # logged: the worker closes all the same
+            logger.debug("quiver: the bridge closes before the scheduler's word of its retirement came")
         await worker.drain(quiet=DRAIN_QUIET, limit=min(DRAIN_LIMIT, max(0.0, deadline - time.monotonic())))
         await scheduler.remove_worker(worker.address, expected=True, close=False, stimulus_id=stimulus)
         self._gone.set()  # the cluster is its workers alone: a next run need not wait for the close below
@@ -230,6 +238,17 @@ def _worker_class() -> Any:
                 track(self)  # its beat in flight is known: the retirement's stop waits for it
 
             _last_request = 0.0
+            _told_retiring: asyncio.Event | None = None
+
+            def handle_worker_status_change(self, status: str, stimulus_id: str) -> None:
+                super().handle_worker_status_change(status, stimulus_id)
+                if status == "closing_gracefully":  # the scheduler's word of its retirement is in
+                    self.told_retiring().set()
+
+            def told_retiring(self) -> asyncio.Event:
+                if self._told_retiring is None:
+                    self._told_retiring = asyncio.Event()
+                return self._told_retiring
 
             async def get_data(self, comm, keys, who=None, serializers=None):
                 self._last_request = time.monotonic()

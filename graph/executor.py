@@ -235,11 +235,12 @@ class ExplorationDriver:
         self.events.put(Report(key, iteration, report))  # on the client's event loop: queue it only
 
     # ---- from other threads ------------------------------------------------------------------
-    def abort(self, error: BaseException | str) -> None:
-        """Stop the run with ``error``'s message (thread-safe; the run raises ``RunError``)."""
+    def abort(self, error: BaseException | str, blame: Any = None) -> None:
+        """Stop the run with ``error``'s message (thread-safe; the run raises ``RunError``);
+        ``blame``: the task key whose branches failed with it (the others are cancelled)."""
         if self._abort_reason is None:
             self._abort_reason = str(error)
-        self.events.put(Abort(str(error)))
+        self.events.put(Abort(str(error), blame))
 
     def aborting(self) -> bool:
         return self._abort_reason is not None

@@ -85,10 +85,12 @@ def _stop_then_run(budget_client):
     Pipeline("warm").source(big, n_bytes=MiB).then(total).run(budget_client, memory_budget=BUDGET, progress=False)
     workers, baseline = measure_baseline(budget_client)
     n_bytes = data_share(BUDGET, workers=workers, baseline=baseline) + 24 * MiB
-    with pytest.raises(RunError, match="'big'"):
+    with pytest.raises(RunError, match="'big'") as stopped:
         Pipeline("too-big").source(big, n_bytes=n_bytes).then(total).run(
             budget_client, memory_budget=BUDGET, progress=False
         )
+    row = stopped.value.table.iloc[0]  # the culprit's branch failed (not cancelled), as a memory failure
+    assert (row["status"], row["error_kind"], row["failed_step"]) == ("failed", "memory", "big")
     r = Pipeline("fine").source(big, n_bytes=MiB).then(total).run(budget_client, memory_budget=BUDGET, progress=False)
     assert r.value == MiB // 8
     # the plan is gone from the workers: their spill target is back to Dask's own

@@ -173,6 +173,21 @@ def test_abort_cancels_what_runs_and_fails_the_run(simple):
     assert [r.status for r in s.rows()] == ["cancelled", "cancelled"]
 
 
+def test_an_abort_that_blames_a_step_fails_its_branch_and_cancels_the_others(simple):
+    """A step too large for its worker (the budget's guard) is that branch's failure, not a cancel."""
+    c = simple
+    src = c.chooses[0].inputs[0].lineage[0]
+    big = c.chooses[0].inputs[0].key
+    s = ExplorationState(c)
+    s.handle(Start())
+    s.handle(TaskFinished(src))
+    out = s.handle(Abort("step 'add' produced a result of 300 MiB, more than ...", blame=big))
+    assert out[-1] == Fail("step 'add' produced a result of 300 MiB, more than ...")
+    rows = s.rows()
+    assert [r.status for r in rows] == ["failed", "cancelled"]
+    assert rows[0].error.startswith("step 'add' produced") and rows[0].failed_step == "add"
+
+
 def test_a_released_result_needed_again_is_recomputed_under_a_new_name(simple):
     c = simple
     src = c.chooses[0].inputs[0].lineage[0]

@@ -402,12 +402,13 @@ class BudgetedRun:
             logger.warning("quiver: the working-memory meter did not reach every worker (%s: %s)", type(exc).__name__, exc)
         self.working_name = name
 
-    def _on_guard(self, msg: Any, abort: Callable[[str], None]) -> None:
+    def _on_guard(self, msg: Any, abort: Callable[..., None]) -> None:
         """The run's monitor reported a result over a worker's share (stop), or a worker its nanny
         restarted for memory while the run's tasks ran on it (stop when one of them is to blame:
         :func:`graph.memory.working.blame_killed`; otherwise Dask retries them)."""
         if not (isinstance(msg, dict) and "killed" in msg):
-            abort(_guard_message(msg))
+            blame = msg.get("key") if isinstance(msg, dict) else None
+            abort(_guard_message(msg), blame=tuple(blame) if isinstance(blame, list) else blame)
             return
         running = [tuple(k) if isinstance(k, list) else k for k in msg.get("running", ())]
         for k in running:
@@ -416,7 +417,7 @@ class BudgetedRun:
         rss, held = int(msg.get("rss") or 0), int(msg.get("held") or 0)
         key = blame_killed(running, rss=rss, held=held, baseline=baseline, kills=self.kills)
         if key is not None:
-            abort(killed_message(key, rss=rss, limit=msg.get("limit"), baseline=baseline))
+            abort(killed_message(key, rss=rss, limit=msg.get("limit"), baseline=baseline), blame=key)
 
     def _settle(self) -> bool:
         """Re-read the idle memory while it still falls (once per run); whether it fell."""

@@ -122,9 +122,12 @@ class MemoryPlanned:
 
 @dataclass(frozen=True)
 class Abort:
-    """Stop the run now with ``reason`` (a watchdog, a result too big for the budget, Ctrl-C)."""
+    """Stop the run now with ``reason`` (a watchdog, a result too big for the budget, Ctrl-C).
+    ``blame``: the task whose step caused it (a step too large for its worker), whose branches
+    are ``failed`` with ``reason``; the others are ``cancelled``."""
 
     reason: str
+    blame: Any = None
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 The one owner of the rule (issue 44): a branch's error is the **step**'s own (an exception its
 code raised: the user's to fix) unless it comes from the machinery, in which case it is
 **infrastructure** (an import deadlock between the worker's threads that its retries did not
-cure, a lost worker or connection) or **serialisation** (a value that cannot be pickled, so it
-cannot leave its worker). ``quiver run`` exits non-zero on any failure that is not the step's
+cure, a lost worker or connection), **serialisation** (a value that cannot be pickled, so it
+cannot leave its worker) or **memory** (under a memory budget, a step too large for its worker). ``quiver run`` exits non-zero on any failure that is not the step's
 own (``--strict``: on any failure), and the run warns, once per alternative, when every branch
 through an alternative failed, so that a whole alternative never silently leaves a choice.
 
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 __all__ = ["FAILURE_KINDS", "failure_kind", "failed_everywhere", "exit_status"]
 
 #: the kinds a failed branch's error can be (``result.table["error_kind"]``)
-FAILURE_KINDS = ("step", "infrastructure", "serialisation")
+FAILURE_KINDS = ("step", "infrastructure", "serialisation", "memory")
 
 #: exception type names the machinery raises (Dask's comms and workers, the import system)
 _INFRASTRUCTURE = (
@@ -39,16 +39,20 @@ _INFRASTRUCTURE = (
 )
 _SERIALISATION = ("ValueCannotTravel",)
 _SERIALISATION_TEXT = ("Could not serialize object", "Could not deserialize")
+#: the memory budget's stops (graph.memory.budget, graph.memory.working): a step too large for its worker
+_MEMORY_TEXT = ("share of the memory budget", "needed more memory than a worker has")
 
 
 def failure_kind(error: str | None) -> str | None:
-    """``"step"``, ``"infrastructure"`` or ``"serialisation"`` for a failed branch's error text
-    (``None`` for no error)."""
+    """``"step"``, ``"infrastructure"``, ``"serialisation"`` or ``"memory"`` (a step too large for
+    its worker under a memory budget) for a failed branch's error text (``None`` for no error)."""
     if not error:
         return None
     kind = error.split(":", 1)[0].strip().rsplit(".", 1)[-1]
     if kind in _SERIALISATION or any(t in error for t in _SERIALISATION_TEXT):
         return "serialisation"
+    if any(t in error for t in _MEMORY_TEXT):
+        return "memory"
     if kind in _INFRASTRUCTURE or "deadlock detected by _ModuleLock" in error:
         return "infrastructure"
     return "step"

@@ -301,7 +301,7 @@ class ExplorationState:
             self.copyable = frozenset(ev.copyable)
             self._candidates.update(original_key(n) for n in self.held)
         elif isinstance(ev, Abort):
-            self._abort(ev.reason)
+            self._abort(ev.reason, ev.blame)
         elif isinstance(ev, TaskLost):
             self._lost(ev.name)
         else:  # a Report never comes here: handle() batches consecutive ones for _reports
@@ -423,9 +423,11 @@ class ExplorationState:
             if tip.state == SUBMITTED and not tip.dead:
                 self._fail(tip, key)
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, blame: Any = None) -> None:
         if self.aborted is not None:
             return
+        if blame is not None:  # the step to blame fails its branches; the rest are cancelled
+            self._failed(blame, reason, "")
         self.aborted = reason
         unfinished = [n for n in self.held if self.alias.get(n, n) not in self.finished]
         if unfinished:

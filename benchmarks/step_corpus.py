@@ -1,6 +1,7 @@
 """Issue 44's campaign: ordinary step code, run many times on every kind of cluster, fresh each time.
 
-Three pipeline files (``benchmarks/corpus/``): ``newcomer.py`` (the issue's pipeline: scikit-learn
+The README's first example as pasted (``readme``: its own embedded cluster), and three pipeline
+files (``benchmarks/corpus/``): ``newcomer.py`` (the issue's pipeline: scikit-learn
 imported inside step bodies, scalers travelling as values), ``good_steps.py`` (every branch must
 succeed: imports in bodies, caches, closures, lambdas, partials, a generator torch loop, a class
 with ``__getstate__``, pandas / NumPy / torch / scikit-learn values, a 110 MB value, steps that
@@ -38,7 +39,7 @@ CORPUS = ROOT / "benchmarks" / "corpus"
 PY = sys.executable
 BIN = Path(sys.executable).parent
 KINDS = ("embedded", "cli", "cli-no-nanny", "threads")
-FILES = ("newcomer", "good", "bad")
+FILES = ("newcomer", "good", "bad", "readme")
 NOISE = re.compile(r"distributed\.\S+ - ERROR|Traceback \(most recent call last\)")
 
 _THREADS = """
@@ -57,6 +58,14 @@ if __name__ == "__main__":
 
 def _file(name: str) -> Path:
     return CORPUS / ("newcomer.py" if name == "newcomer" else f"{name}_steps.py")
+
+
+def readme_example() -> str:
+    """The README's first example (the first python block under "## A first example"), as pasted."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("\n## A first example\n")
+    section = text[start:text.find("\n## ", start + 1)]
+    return re.search(r"^```python\n(.*?)^```$", section, flags=re.S | re.M).group(1)
 
 
 def _wait_file(path: Path, seconds: float = 60) -> None:
@@ -91,7 +100,10 @@ def run_once(kind: str, corpus: str) -> dict:
         out = tmp / "out.json"
         procs: list = []
         try:
-            if kind == "threads":
+            if corpus == "readme":  # the README's example, as pasted, in its own script (its cluster: embedded)
+                (tmp / "first.py").write_text(readme_example())
+                cmd = [PY, "first.py"]
+            elif kind == "threads":
                 cmd = [PY, "-c", _THREADS, str(_file(corpus)), str(out)]
             else:
                 cmd = [str(BIN / "quiver"), "run", str(_file(corpus)), "--no-progress", "--json", str(out)]
@@ -112,6 +124,9 @@ def run_once(kind: str, corpus: str) -> dict:
                     q.kill()
         text = p.stdout + p.stderr
         rows = json.loads(out.read_text())["table"] if out.exists() else []
+        if corpus == "readme":  # no JSON: its printed table's rows (8 branches, one chosen)
+            rows = [{"status": "ok" if " ok " in line else "failed"} for line in p.stdout.splitlines()
+                    if line.rstrip().endswith(("True", "False"))]
     return judge(corpus, p.returncode, rows, text, in_process=kind == "threads") | {"kind": kind, "corpus": corpus, "wall": round(wall, 2)}
 
 
@@ -158,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for kind in args.kinds.split(","):
         for corpus in args.corpus.split(","):
+            if corpus == "readme" and kind != "embedded":
+                continue  # the README's example starts its own embedded cluster
             for i in range(args.runs):
                 r = run_once(kind, corpus)
                 results.append(r)
@@ -170,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.kinds.split(","):
         for corpus in args.corpus.split(","):
             rs = [r for r in results if r["kind"] == kind and r["corpus"] == corpus]
+            if not rs:
+                continue
             sp = sum(r["spurious"] for r in rs)
             nz = sum(r["noisy"] for r in rs)
             wr = sum(bool(r["wrong"]) for r in rs)

@@ -78,13 +78,14 @@ def _cluster(kind: str, tmp: Path) -> tuple[list, str]:
     """Start a fresh CLI scheduler and workers; (their processes, the scheduler's address)."""
     sfile = tmp / "scheduler.json"
     logs = open(tmp / "cluster.log", "w")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the workers unpickle this checkout's classes
     procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--scheduler-file", str(sfile), "--port", "0",
-                               "--dashboard-address", ":0"], stdout=logs, stderr=logs, cwd=tmp)]
+                               "--dashboard-address", ":0"], stdout=logs, stderr=logs, cwd=tmp, env=env)]
     _wait_file(sfile)
     workers = ([["--nworkers", "2"]] if kind == "cli" else [["--no-nanny"], ["--no-nanny"]])
     for extra in workers:
         procs.append(subprocess.Popen([str(BIN / "dask"), "worker", "--scheduler-file", str(sfile), "--nthreads", "1",
-                                       *extra], stdout=logs, stderr=logs, cwd=tmp))
+                                       *extra], stdout=logs, stderr=logs, cwd=tmp, env=env))
     from distributed import Client
 
     address = json.loads(sfile.read_text())["address"]
@@ -125,7 +126,7 @@ def run_once(kind: str, corpus: str) -> dict:
         text = p.stdout + p.stderr
         rows = json.loads(out.read_text())["table"] if out.exists() else []
         if corpus == "readme":  # no JSON: its printed table's rows (8 branches, one chosen)
-            rows = [{"status": "ok" if " ok " in line else "failed"} for line in p.stdout.splitlines()
+            rows = [{"status": line.split()[-2]} for line in p.stdout.splitlines()  # ... status chosen
                     if line.rstrip().endswith(("True", "False"))]
     return judge(corpus, p.returncode, rows, text, in_process=kind == "threads") | {"kind": kind, "corpus": corpus, "wall": round(wall, 2)}
 
@@ -171,17 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "step_corpus.json"))
     args = ap.parse_args(argv)
     results = []
-    for kind in args.kinds.split(","):
-        for corpus in args.corpus.split(","):
+    for i in range(args.runs):  # round after round, so that a campaign cut short stays balanced
+        for kind, corpus in ((k, c) for k in args.kinds.split(",") for c in args.corpus.split(",")):
             if corpus == "readme" and kind != "embedded":
                 continue  # the README's example starts its own embedded cluster
-            for i in range(args.runs):
-                r = run_once(kind, corpus)
-                results.append(r)
-                flag = "ok" if not (r["spurious"] or r["wrong"] or r["noisy"]) else "PROBLEM"
-                print(f"{kind:13s} {corpus:9s} run {i + 1:3d}: {r['branches']} branches, {r['failed']} failed, "
-                      f"{r['spurious']} spurious, wall {r['wall']:.1f}s {flag} {r['wrong'] or ''} {r['noise'] if r['noisy'] else ''}",
-                      flush=True)
+            r = run_once(kind, corpus)
+            results.append(r)
+            flag = "ok" if not (r["spurious"] or r["wrong"] or r["noisy"]) else "PROBLEM"
+            print(f"{kind:13s} {corpus:9s} run {i + 1:3d}: {r['branches']} branches, {r['failed']} failed, "
+                  f"{r['spurious']} spurious, wall {r['wall']:.1f}s {flag} {r['wrong'] or ''} {r['noise'] if r['noisy'] else ''}",
+                  flush=True)
+            _save(args.json, results)
     print("\nkind          corpus    runs  spurious-failures  runs-with-noise  wrong-reports")
     bad = 0
     for kind in args.kinds.split(","):
@@ -194,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             wr = sum(bool(r["wrong"]) for r in rs)
             bad += sp + nz + wr
             print(f"{kind:13s} {corpus:9s} {len(rs):4d}  {sp:17d}  {nz:15d}  {wr:13d}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
+    _save(args.json, results)
     return 1 if bad else 0
+
+
+def _save(path: str, results: list) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -573,7 +573,7 @@ def inject(fault: Fault, cluster, log: list[str], t0: float) -> None:
 
 def check_store(store: Path, truth: dict) -> list[str]:
     """What is wrong in a run's store: a key no fault-free run stores, or a value not the one it stores."""
-    from graph.store import load_stored
+    from graph.tasks.store import load_stored
 
     errors = []
     for f in sorted(os.listdir(store)):
@@ -669,7 +669,7 @@ def reference(workdir: Path, stall: float, pause: float) -> dict:
         if r["outcome"].get("kind") != "result" or r["leftovers"]:
             raise RuntimeError(f"the {name} run did not give a result: {r['outcome']} {r['leftovers']}")
     finals = {row["fit.lr"]: row["accuracy"] for row in full["outcome"]["result"]["rows"] if row["status"] == "ok"}
-    from graph.store import load_stored
+    from graph.tasks.store import load_stored
 
     truth = {}
     for d in (workdir / "full-store", workdir / "ref-store"):

@@ -102,8 +102,8 @@ def load_example():
 # ---------------------------------------------------------------- measuring
 
 def counter_plugin():
-    """A RunMonitor (graph.monitor) that counts every task of the cluster, not one run's keys."""
-    from graph.monitor import RunMonitor
+    """A RunMonitor (graph.run.monitor) that counts every task of the cluster, not one run's keys."""
+    from graph.run.monitor import RunMonitor
 
     class Everything:
         def __contains__(self, key):
@@ -134,7 +134,7 @@ class Measured:
 
     def __exit__(self, *exc):
         from graph.memory.budget import _delta, spill_counters
-        from graph.monitor import snapshot_on_scheduler
+        from graph.run.monitor import snapshot_on_scheduler
 
         self.wall = time.perf_counter() - self.t0
         snap = self.client.run_on_scheduler(snapshot_on_scheduler, name=self.monitor.name)

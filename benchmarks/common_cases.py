@@ -236,7 +236,7 @@ def _dropin(tool: str):
             state["client"].close()
             state["cluster"].close()
         if tool == "quiver":
-            from graph.embedded import close_kept
+            from graph.cluster.embedded import close_kept
 
             close_kept()
     return call, close
@@ -256,7 +256,7 @@ def _torch12(tool: str, quick: bool):
                 "breakdown": out.get("stats")}
 
     def close():
-        from graph.embedded import close_kept
+        from graph.cluster.embedded import close_kept
 
         close_kept()
     return call, close
@@ -283,7 +283,7 @@ def stepcost(tool: str) -> dict:
     if tool == "plain":
         return _time_steps()
     if tool == "quiver_worker":
-        from graph.cluster import connect
+        from graph.cluster.connect import connect
 
         with connect(None, n_workers=1, quiet=True) as c:
             return c.submit(_time_steps, pure=False).result()
@@ -306,8 +306,8 @@ def one(workload: str, tool: str, quick: bool) -> dict:
 
     if workload == "stepcost":
         return {"steps": stepcost(tool)}
-    if tool in ("quiver_nobridge", "quiver_nospread"):  # Quiver without its bridge (graph/bridge.py)
-        import dask                                        # or its sibling spread (graph/spread.py)
+    if tool in ("quiver_nobridge", "quiver_nospread"):  # Quiver without its bridge (graph/cluster/bridge.py)
+        import dask                                        # or its sibling spread (graph/run/spread.py)
 
         dask.config.set({"quiver.embedded-cluster.bridge" if tool == "quiver_nobridge" else "quiver.spread-ready": False})
         tool = "quiver"
@@ -339,7 +339,7 @@ def one(workload: str, tool: str, quick: bool) -> dict:
     if close is not None:
         close()
     elif tool == "quiver":
-        from graph.embedded import close_kept
+        from graph.cluster.embedded import close_kept
 
         close_kept()
     t_close = time.perf_counter() - t2

@@ -12,7 +12,7 @@ by cheap model branches (LogisticRegression over C, RidgeClassifier over alpha),
 scored by validation accuracy, best kept.  Methods, all on the same 2 cores:
 
 (a) Quiver: one deduplicated graph on a LocalCluster(2 workers x 1 thread, processes).
-(a') the same with ``graph.sharedcopies`` installed around the run for every shared result (a run
+(a') the same with ``graph.run.sharedcopies`` installed around the run for every shared result (a run
     installs it itself only for what training steps read): the moment a result that several
     steps read (the source, each PCA) is in memory, the other worker is asked to fetch a copy
     (Dask's acquire-replicas), before its holder starts a GIL-holding SVD.
@@ -262,12 +262,12 @@ def build_quiver(cfg):
 
 def run_quiver(cfg, client, placement=False):
     """``placement``: copies of the shared results are made on the other worker the moment they
-    exist (``graph.sharedcopies`` with every step counted as a reader, installed around the run
+    exist (``graph.run.sharedcopies`` with every step counted as a reader, installed around the run
     here: a run installs it itself only for the results that training steps read)."""
     from distributed import get_task_stream
 
     import graph
-    from graph import sharedcopies
+    from graph.run import sharedcopies
 
     best = build_quiver(cfg)
     with get_task_stream(client) as ts:

@@ -9,7 +9,7 @@ The exploration: source -> explore "a" (A alternatives) -> explore "b" (40 alter
 -> choose("score", k=3) -> a final step on the three kept branches.  Every step takes
 microseconds, so the wall time is all overhead: building and compiling the pipeline in the
 client, the executor's bookkeeping, and Dask's scheduling of ``1 + A + 40A`` step tasks (each
-choose input's task sends its metric itself: graph/fusedmetric.py, no metric tasks), on 2
+choose input's task sends its metric itself: graph/tasks/fusedmetric.py, no metric tasks), on 2
 single-threaded worker processes.
 
 Methods (same cluster, same run, interleaved pairs with the order alternating, medians):
@@ -108,7 +108,7 @@ def run_trivial_dask(client, n: int, pids) -> dict:
 
 def metric_reads(c) -> tuple[dict, list]:
     """What plain Dask computes to have every choose metric of ``c``, as Quiver does: the read
-    tasks Quiver runs too, and for a read fused into its step's task (graph/fusedmetric.py) the
+    tasks Quiver runs too, and for a read fused into its step's task (graph/tasks/fusedmetric.py) the
     step itself (its task sends the metric; plain Dask takes the small value instead)."""
     reads = {k: t for k, t in c.metric_graph.items() if k not in c.fused}
     return reads, list(reads) + sorted(set(c.fused.values()))

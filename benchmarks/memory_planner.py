@@ -110,7 +110,7 @@ def run_per_branch(cfg) -> dict:
     from distributed import as_completed
 
     from graph.memory.budget import spill_counters, _delta
-    from graph.monitor import RunMonitor, snapshot_on_scheduler
+    from graph.run.monitor import RunMonitor, snapshot_on_scheduler
     from tests.big_steps import clean, evaluate, features, fit, make_data, refit
 
     lc, client = cluster(cfg, planned=False)

@@ -7,7 +7,7 @@ On a LocalCluster of 2 single-threaded worker processes (the same as the tests),
 Dask's own machinery only:
 
 Reports, worker -> client (one task sends ``--reports`` reports, ``--gap`` s apart):
-  (a) ``Worker.log_event`` on a topic + ``Client.subscribe_topic`` (what ``graph.iterative``
+  (a) ``Worker.log_event`` on a topic + ``Client.subscribe_topic`` (what ``graph.tasks.iterative``
       uses): the message rides the worker's batched stream; the scheduler forwards it;
   (b) ``distributed.Queue``: ``put`` in the task (a scheduler round trip), a client thread
       blocked in ``get``.
@@ -16,7 +16,7 @@ Reports, worker -> client (one task sends ``--reports`` reports, ``--gap`` s apa
 
 Answers at a rung, run -> waiting step (the round trip a step waits at each rung: report
 sent, client decides at once, step resumes), measured in the step:
-  (c) ``graph.iterative`` as shipped: ``Iterative`` + ``ReportChannel``; the client sets a
+  (c) ``graph.tasks.iterative`` as shipped: ``Iterative`` + ``ReportChannel``; the client sets a
       ``Variable`` then an ``Event``; the step waits on the ``Event`` and reads the ``Variable``;
   (d) reports by event log, answer in a ``Variable`` the step polls with ``get(timeout=1)``
       (one RPC less, but every timed-out poll logs an error on the scheduler);
@@ -25,7 +25,7 @@ sent, client decides at once, step resumes), measured in the step:
 
 Stopping a step between rungs, two ways measured in the step:
   (f) polling a per-key ``distributed.Event.is_set`` every iteration (a scheduler round trip);
-  (g) ``graph.iterative``'s check that the run has not cancelled the task (the worker's own
+  (g) ``graph.tasks.iterative``'s check that the run has not cancelled the task (the worker's own
       task state: no message at all); plus the time from ``Future.cancel()`` to the generator's
       ``finally``.
 
@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from graph.iterative import Iterative, ReportChannel  # noqa: E402
+from graph.tasks.iterative import Iterative, ReportChannel  # noqa: E402
 from graph.parcels import opened  # noqa: E402  (a step's value travels as a parcel)
 from graph.spec import PruneSpec  # noqa: E402
 
@@ -152,7 +152,7 @@ def poll_event(n: int, name: str) -> list[float]:
 
 
 def local_check(n: int) -> list[float]:
-    from graph.iterative import _Task
+    from graph.tasks.iterative import _Task
 
     task, cost = _Task(), []
     for _ in range(n):

@@ -124,7 +124,7 @@ def summarise(trials: list[dict], size: dict, warmups_trained: int) -> dict:
 
 def quiver(method: str, size: dict) -> dict:
     ex = load_example()
-    from graph.cluster import connect
+    from graph.cluster.connect import connect
 
     packed = method.startswith("quiver_packed")
     with tempfile.TemporaryDirectory(prefix="quiver-staged-") as log_dir:
@@ -138,7 +138,7 @@ def quiver(method: str, size: dict) -> dict:
                 result = node.run(client, progress=False, quiet=True)
                 wall = time.perf_counter() - start
         else:  # as `python staged.py` runs: node.run starts the embedded cluster (kept: its close is not timed)
-            from graph.embedded import close_kept
+            from graph.cluster.embedded import close_kept
 
             result = node.run(workers=2, threads_per_worker=1, progress=False, quiet=True)
             wall = time.perf_counter() - T0

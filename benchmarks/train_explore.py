@@ -80,7 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from graph.breakdown import CATEGORIES  # noqa: E402
+from graph.report.breakdown import CATEGORIES  # noqa: E402
 from pipelines import halving  # noqa: E402
 
 TARGET_SPEEDUP = 1.5
@@ -171,7 +171,7 @@ def _warm_client():
     """A 2-worker cluster kept running between the ``_warm`` rows (as a Dask user's usually is):
     started once, outside any clock; the workers keep what earlier runs imported (torch) and what
     the scheduler remembers (a packed task's tuned member count), nothing else carries over."""
-    from graph.cluster import connect
+    from graph.cluster.connect import connect
 
     if "client" not in _WARM:
         _WARM["cm"] = connect(None, n_workers=2, threads_per_worker=1, quiet=True)
@@ -192,7 +192,7 @@ def quiver_run(kind: str, size: dict) -> dict:
     node = quiver_node(kind, size)
     t0 = time.perf_counter()
     if fresh:  # issue 23's (i): a cluster started before the clock whose workers have run nothing yet
-        from graph.cluster import connect
+        from graph.cluster.connect import connect
 
         with connect(None, n_workers=2, threads_per_worker=1, quiet=True) as client:
             t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def quiver_run(kind: str, size: dict) -> dict:
         # a cold row runs as `python tune.py` does: node.run starts the embedded cluster (its fork
         # server imports the steps' modules, torch included, while the scheduler starts); the
         # cluster is kept after the run, so its close is outside the clock, as for the others
-        from graph.embedded import close_kept
+        from graph.cluster.embedded import close_kept
 
         result = node.run(workers=2, threads_per_worker=1, progress=False, quiet=True, pack=kind in PACKED)
         wall = time.perf_counter() - t0
@@ -484,7 +484,7 @@ def print_table(runs: dict, size: dict, repeats: int, load: tuple) -> None:
             print(f"  {name}: time to first rung {statistics.median(ttfr) if ttfr else float('nan'):.2f} s, "
                   f"workers busy {statistics.median(busy) if busy else float('nan'):.2f}")
         parts = [s["time_breakdown"] for s in stats if s.get("time_breakdown")]
-        if parts:  # graph/breakdown.py: seconds of the run window per worker thread, median over the repeats
+        if parts:  # graph/report/breakdown.py: seconds of the run window per worker thread, median over the repeats
             names = [c for c in CATEGORIES if any(c in p for p in parts)]
             print(f"  {name}: time breakdown (s per thread, median) "
                   + ", ".join(f"{c} {statistics.median(p.get(c, 0.0) for p in parts):.2f}" for c in names)

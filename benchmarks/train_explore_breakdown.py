@@ -6,7 +6,7 @@
 Each line is one measurement, printed with the load average at that moment (the machine is
 shared: compare lines taken under a similar load):
 
-* ``cluster_start``: ``graph.cluster.connect(None, n_workers=2, threads_per_worker=1)`` (the
+* ``cluster_start``: ``graph.cluster.connect.connect(None, n_workers=2, threads_per_worker=1)`` (the
   embedded ``LocalCluster`` the benchmark starts inside its clock).
 * ``worker_torch_import``: ``import torch`` in each fresh worker (``client.run``, workers in parallel).
 * ``data_load``: ``examples/tune_mnist.py``'s ``load_mnist`` as a task on a fresh worker
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=2, help="epochs per loop measurement (default 2)")
     ap.add_argument("--members", type=int, default=6, help="members of the packed task tuned (default 6: 12 over 2)")
     args = ap.parse_args(argv)
-    from graph.cluster import connect
+    from graph.cluster.connect import connect
 
     rows = []
     cold_data()

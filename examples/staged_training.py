@@ -233,7 +233,7 @@ def main(argv=None) -> None:
           f"{trained} epochs in all, where trials from scratch would train {from_scratch}; "
           f"{s['executed_tasks']} tasks; {s['wall_seconds']:.1f}s")
     tb = s.get("time_breakdown")
-    if tb:  # graph/breakdown.py: the workers' time, from Dask's task stream, adding up to the window
+    if tb:  # graph/report/breakdown.py: the workers' time, from Dask's task stream, adding up to the window
         parts = ", ".join(f"{c} {tb[c]:.1f}s" for c in ("importing", "startup", "loading", "moving", "computing", "idle"))
         print(f"where the time went ({tb['window_s']:.1f}s, per worker thread): {parts}")
 

@@ -341,7 +341,7 @@ class _StepRows:
 class PackedLoop(Membership):
     """Train the members ``{name: {keyword: value}}`` of one :class:`Loop` together.
 
-    The same interface as :class:`gpu.PackedTrainer` (``graph.packing``'s packed tasks drive
+    The same interface as :class:`gpu.PackedTrainer` (``graph.compiling.packing``'s packed tasks drive
     either): ``active`` members train at once (an int, ``None``: all, ``"auto"``: Crossbow's
     rule, :func:`gpu.tune_members`, up to ``most``), the others wait and join as places free;
     :meth:`epoch` trains every active member one epoch and returns ``{name: report}``;

@@ -315,7 +315,7 @@ class PackedTrainer(Membership):
 
     ``active``: members training at once (an int, ``None``: all, ``"auto"``: tuned by
     :func:`tune_members`, up to ``most`` members, default: as many as given); the others wait
-    and join as places free. :meth:`add` brings a member later (``graph.packing``'s packed
+    and join as places free. :meth:`add` brings a member later (``graph.compiling.packing``'s packed
     tasks claim members at run time). ``tuning``: the
     ``(members, samples/s)`` curve an earlier tuning chose a given ``active`` from (reported in
     :meth:`result`'s ``packing``; see :func:`members_memo_key`). ``epoch()`` trains every

@@ -299,7 +299,7 @@ def iterate(data: Any, **kwargs: Any):
     :func:`train`'s arguments. Closing it (a pruned branch) stops the training at the next
     epoch boundary: alone, at once (the generator is suspended there); a gang's members stop
     together at the end of their current epoch and free their workers before ``close``
-    returns. ``graph.iterative`` calls it through ``train.__quiver_iterate__``.
+    returns. ``graph.tasks.iterative`` calls it through ``train.__quiver_iterate__``.
 
     >>> gen = iterate(gpu.load_digits_tensors(), model=functools.partial(gpu.MLP, 64, 10),
     ...               epochs=5, workers=1, replicas=1)                        # doctest: +SKIP

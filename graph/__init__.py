@@ -38,18 +38,18 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Branch": "graph.compiler",
-    "CompiledPipeline": "graph.compiler",
-    "RunRecord": "graph.executor",
-    "execute": "graph.executor",
-    "connect": "graph.cluster",
+    "Branch": "graph.compiling.compiler",
+    "CompiledPipeline": "graph.compiling.compiler",
+    "RunRecord": "graph.run.executor",
+    "execute": "graph.run.executor",
+    "connect": "graph.cluster.connect",
     "QuiverDashboard": "graph.dashboard",
     "MemoryPlan": "graph.memory.plan",
     "plan_memory": "graph.memory.plan",
-    "ResultStore": "graph.store",
-    "not_rerunnable": "graph.rerun",
-    "close_kept": "graph.embedded",
-    "tune_workers": "graph.workerenv",
+    "ResultStore": "graph.tasks.store",
+    "not_rerunnable": "graph.tasks.rerun",
+    "close_kept": "graph.cluster.embedded",
+    "tune_workers": "graph.cluster.workerenv",
 }
 
 
@@ -63,7 +63,7 @@ def compile(node: Any):  # noqa: A001 - the contract name (docs/architecture.md 
     >>> c.unique_tasks, c.naive_tasks
     (3, 4)
     """
-    from .compiler import compile_spec
+    from .compiling.compiler import compile_spec
     from .spec import ChooseSpec, CombineSpec, ExploreSpec, SourceSpec, StepSpec
 
     spec = getattr(node, "spec", node)

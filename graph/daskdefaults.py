@@ -9,7 +9,7 @@ imports no Dask at all).  Until ``distributed`` is imported, ``dask.config`` has
 
 creates that section holding the one key; ``distributed``, imported inside the block by the run,
 merges its defaults into it, and the block's exit removes the whole section again (Dask takes
-back what its ``set`` inserted).  The run's kept cluster (:mod:`graph.embedded`) then fails on its
+back what its ``set`` inserted).  The run's kept cluster (:mod:`graph.cluster.embedded`) then fails on its
 next read of its configuration (``KeyError: 'distributed'`` from every comm), and so does the
 next run.  With ``distributed``'s defaults registered first, Dask's ``set`` records the
 replacement of that one key and its exit puts the default back, as it does in a script that

@@ -114,7 +114,7 @@ def _producers(spec: Spec) -> list[Call]:
 
 def _check_prune(where: str, spec: Spec, prune: Any) -> None:
     """``prune=`` must be a ``halving(...)`` over iterative steps."""
-    from graph.iterative import is_iterative
+    from graph.tasks.iterative import is_iterative
 
     if not isinstance(prune, PruneSpec):
         raise PipelineError(
@@ -311,7 +311,7 @@ class Node:
         give their metric for the same reason, the run ends at once with a ``RunError``
         naming it; ``"continue"``: run every branch anyway), ``pack`` (``True``, the default:
         ``gpu.train`` branches that can share a worker train together as one stacked group,
-        see ``graph.packing``; ``False``: every branch trains alone), ``compute_value`` (a kept
+        see ``graph.compiling.packing``; ``False``: every branch trains alone), ``compute_value`` (a kept
         value holding Dask collections is computed and gathered; default: persisted on
         the cluster, which an embedded cluster keeps open until ``Result.close()``).
         """

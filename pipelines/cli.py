@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from graph.options import ORDERS  # the run options' one owner (light: it loads Dask only when called)
+from graph.run.options import ORDERS  # the run options' one owner (light: it loads Dask only when called)
 
 __all__ = ["main", "load_node"]
 
@@ -260,7 +260,7 @@ def _print_result(result, out) -> None:
         print(f"chosen branch(es): {', '.join(str(i) for i in chosen.index)}", file=out)
 
 
-#: how the CLI names the run options graph.options checks
+#: how the CLI names the run options graph.run.options checks
 _FLAGS = {"order": "--order", "stall_timeout": "--stall-timeout", "memory_budget": "--memory-budget",
           "sample_sizes": "--sample-sizes", "store": "--store"}
 
@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if getattr(args, "memory_budget", None) == "auto":  # "auto" is --memory-limit's word, not a budget
         parser.error("--memory-budget needs a size such as 2GiB")
-    if args.command == "run":  # the run options' one owner (graph.options), naming the flags
-        from graph.options import check_options
+    if args.command == "run":  # the run options' one owner (graph.run.options), naming the flags
+        from graph.run.options import check_options
 
         try:
             check_options(order=args.order, stall_timeout=args.stall_timeout, memory_budget=args.memory_budget,

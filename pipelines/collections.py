@@ -4,7 +4,7 @@
 ``dask.array``); it is applied on the client when the pipeline compiles and its graph
 becomes part of the exploration's. A *source* must be marked to be a collection source;
 a step whose inputs are collections is tried lazily without a mark (see
-``graph.collections``), so mark it only to insist. ``eager(fn)``: ``fn`` is a plain step
+``graph.compiling.collections``), so mark it only to insist. ``eager(fn)``: ``fn`` is a plain step
 even on collection inputs: it runs on a worker on the computed value.
 
 >>> from pipelines import Pipeline
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from graph.collections import mark_lazy
+from graph.compiling.collections import mark_lazy
 
 __all__ = ["lazy", "eager"]
 

@@ -49,7 +49,7 @@ def check_run_options(client: Any, *, workers: Any = None, threads_per_worker: A
 
 def check_run(compiled: Any, client: Any, **options: Any) -> None:
     """All pre-flight checks: options, then that every task can be pickled to the workers."""
-    from graph.shipping import check_picklable
+    from graph.tasks.shipping import check_picklable
 
     check_run_options(client, **options)
     check_picklable(compiled.graph)

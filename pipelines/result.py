@@ -41,7 +41,7 @@ class Result:
         >>> Result(table=None, value=3, values=[3]).compute_value()
         3
         """
-        from graph.collections import compute_value
+        from graph.compiling.collections import compute_value
 
         return compute_value(self.client, self.value)
 

@@ -35,13 +35,13 @@ def run_node(
     import time
 
     import graph
-    from graph.cluster import connect
-    from graph.executor import execute
-    from graph.options import check_options
-    from graph.tracebacks import restore_table
-    from graph.warmup import step_modules
+    from graph.cluster.connect import connect
+    from graph.run.executor import execute
+    from graph.run.options import check_options
+    from graph.report.tracebacks import restore_table
+    from graph.cluster.warmup import step_modules
 
-    # every run option is checked by its one owner (graph.options), before anything runs
+    # every run option is checked by its one owner (graph.run.options), before anything runs
     store = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
                           memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
                           store=store).store
@@ -65,15 +65,15 @@ def run_node(
             bridge=bridge,
         ))
         cluster_seconds = time.perf_counter() - clock
-        from graph.breakdown import Collector
+        from graph.report.breakdown import Collector
 
-        timing = Collector(c)  # graph/breakdown.py: where the time went, from Dask's task stream
+        timing = Collector(c)  # graph/report/breakdown.py: where the time went, from Dask's task stream
         timing.begin()
         _ready_cluster(c, compiled, pack, modules)
         timing.imported()
-        from graph import sharedcopies, spread
+        from graph.run import sharedcopies, spread
         from graph.dashboard.plugin import run_memory
-        from graph.stepwarnings import replay, watch
+        from graph.report.stepwarnings import replay, watch
 
         with watch(c) as seen:  # warnings from steps: shown once, here, after the run
             takeovers = None
@@ -114,7 +114,7 @@ def run_node(
             record.stats["memory_timeline"] = totals((record.stats["worker_memory"] or {}).get("timeline"))
         # copies of shared inputs asked for ahead of their readers: {key: [worker, ...]}
         record.stats["shared_copies"] = copied
-        record.stats["spread_tasks"] = spread_tasks  # ready tasks sent to idle workers (graph/spread.py)
+        record.stats["spread_tasks"] = spread_tasks  # ready tasks sent to idle workers (graph/run/spread.py)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
         distributed = any(b.parts for b in compiled.branches) and not compute_value
@@ -125,7 +125,7 @@ def run_node(
     record.stats["cluster"] = cluster_info.get("cluster")
     record.stats["worker_start"] = cluster_info.get("start_method")  # "forkserver" or "spawn"; None when not started here
     record.stats["cluster_seconds"] = cluster_seconds
-    record.stats["bridge"] = bool(cluster_info.get("bridge"))  # began in this process (graph/bridge.py)
+    record.stats["bridge"] = bool(cluster_info.get("bridge"))  # began in this process (graph/cluster/bridge.py)
     _packing_stats(record.stats, compiled, takeovers)
     record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
@@ -143,8 +143,8 @@ def run_node(
 
 def _bridged(compiled: Any, modules: list[str]) -> bool:
     """A run of plain steps may start on this process while a new cluster's workers start
-    (graph/bridge.py)."""
-    from graph.bridge import eligible
+    (graph/cluster/bridge.py)."""
+    from graph.cluster.bridge import eligible
 
     return eligible(compiled.graph, collections=compiled.has_collections, modules=modules)
 
@@ -171,24 +171,24 @@ def _ready_cluster(c: Any, compiled: Any, pack: bool, modules: list[str]) -> Non
     already); then ``gpu.train`` branches that
     can share a worker are packed into groups (docs/architecture.md §7.3), one packed task per
     worker thread, each placed on its own."""
-    from graph.warmup import warm_workers
+    from graph.cluster.warmup import warm_workers
 
     warm_workers(c, modules)
     if pack:
-        from graph.packing import pack_compiled
+        from graph.compiling.packing import pack_compiled
 
         threads = c.nthreads()
         pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
 
 
 def _forget_claims(c: Any, compiled: Any) -> int | None:
-    """Drop the packed tasks' claim tables (``graph.packing``) from the scheduler, done with;
+    """Drop the packed tasks' claim tables (``graph.compiling.packing``) from the scheduler, done with;
     returns how many members were taken over (``None``: no tables, or the scheduler did not say)."""
     if not compiled.claim_tables:
         return None
     import contextlib
 
-    from graph.packing import forget_claims, takeovers_on_scheduler
+    from graph.compiling.packing import forget_claims, takeovers_on_scheduler
 
     takeovers = None
     with contextlib.suppress(Exception):
@@ -200,7 +200,7 @@ def _forget_claims(c: Any, compiled: Any) -> int | None:
 
 def _packing_stats(stats: dict, compiled: Any, takeovers: int | None) -> None:
     """Packed tasks (one stacked group each), the branches they trained, and members an idle
-    packed task took over from a busier one (``graph.packing``)."""
+    packed task took over from a busier one (``graph.compiling.packing``)."""
     packed = compiled.packed
     if packed:
         stats["packed_groups"] = len(packed)

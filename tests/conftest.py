@@ -116,7 +116,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _embedded_cluster_per_run():
     """Tests start and close an embedded cluster per run, as before clusters were kept
-    (graph.embedded): one test's killed worker or paused cluster never reaches the next. The
+    (graph.cluster.embedded): one test's killed worker or paused cluster never reaches the next. The
     tests of keeping (tests/test_cluster_reuse.py) turn it back on, and scripts run as
     subprocesses keep theirs, as users' scripts do."""
     import dask

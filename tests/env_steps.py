@@ -8,7 +8,7 @@ def probe(seed: int) -> dict:
     path measured with glibc's counters), and ``m`` for a choose."""
     import pyarrow
 
-    from graph.workerenv import probe_environment
+    from graph.cluster.workerenv import probe_environment
 
     return dict(probe_environment(), m=float(seed), arrow_pool=pyarrow.default_memory_pool().backend_name)
 

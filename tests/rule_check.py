@@ -84,7 +84,7 @@ def run_a_late_second_pack(client, submit, table, members, iterations, wait=120)
     import queue
     import time
 
-    from graph.iterative import ReportChannel
+    from graph.tasks.iterative import ReportChannel
 
     events: queue.Queue = queue.Queue()
     channel = ReportChannel(client, lambda key, i, report: events.put((key, i)), keys=set(members))

@@ -123,7 +123,7 @@ def charge_card(v, log, seconds):
 
 
 def _mark_not_rerunnable():
-    from graph.rerun import not_rerunnable
+    from graph.tasks.rerun import not_rerunnable
 
     not_rerunnable(charge_card)
 

@@ -38,12 +38,12 @@ def src():
 @pytest.fixture
 def no_cluster(monkeypatch):
     """Fail the test if a run gets as far as starting or connecting to a cluster."""
-    import graph.cluster
+    import graph.cluster.connect
 
     def refuse(*a, **k):
         raise AssertionError("a cluster was started: the bad input was not refused first")
 
-    monkeypatch.setattr(graph.cluster, "connect", refuse)
+    monkeypatch.setattr(graph.cluster.connect, "connect", refuse)
 
 
 # ---- grids -----------------------------------------------------------------------------------------

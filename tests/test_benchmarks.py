@@ -162,7 +162,7 @@ def test_packing_loop_quick_trains_the_hand_written_loops_runs(tmp_path):
 
 def test_common_cases_quick_dropin_with_and_without_the_bridge(tmp_path):
     """The drop-in workload of the common-cases benchmark: the drop-in with and without its
-    bridge (graph/bridge.py) and scikit-learn's own class find the same best score, the bridge
+    bridge (graph/cluster/bridge.py) and scikit-learn's own class find the same best score, the bridge
     was used only where asked, and it ran no task twice (the same task count either way)."""
     out = tmp_path / "cc.json"
     proc = run("common_cases.py", "--quick", "--workloads", "dropin36", "--tools", "quiver,quiver_nobridge,sklearn",

@@ -1,4 +1,4 @@
-"""Where a run's time went (graph/breakdown.py, issue 23 points 1 and 3): the pure rule on literal and
+"""Where a run's time went (graph/report/breakdown.py, issue 23 points 1 and 3): the pure rule on literal and
 generated task-stream records and rung waits, then real runs' ``stats["time_breakdown"]``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.breakdown import CATEGORIES, breakdown, wait_spans
+from graph.report.breakdown import CATEGORIES, breakdown, wait_spans
 from pipelines import Pipeline, grid
 
 

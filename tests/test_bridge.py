@@ -1,4 +1,4 @@
-"""The bridge (graph/bridge.py): a new embedded cluster's first tasks run in the user's process
+"""The bridge (graph/cluster/bridge.py): a new embedded cluster's first tasks run in the user's process
 while its workers start, every task runs once, the bridge retires for the workers, and a kept
 cluster never has it.  Real LocalClusters, real processes."""
 
@@ -11,9 +11,9 @@ import psutil
 import pytest
 from dask.task_spec import Task
 
-import graph.embedded as embedded
-from graph.bridge import eligible, enabled
-from graph.iterative import iterative_task
+import graph.cluster.embedded as embedded
+from graph.cluster.bridge import eligible, enabled
+from graph.tasks.iterative import iterative_task
 from pipelines import Pipeline, grid
 from tests import bridge_steps
 
@@ -98,10 +98,10 @@ def test_the_config_turns_it_off():
 
 
 def test_a_start_retried_with_spawn_replaces_the_first_workers(monkeypatch):
-    # graph.workerstart retries a failed forked start once with spawn, calling the cluster's
+    # graph.cluster.workerstart retries a failed forked start once with spawn, calling the cluster's
     # ``make`` again: under a bridge that reuses the scheduler already handed to the run, and the
     # first start's workers go before the new ones come
-    import graph.workerstart as workerstart
+    import graph.cluster.workerstart as workerstart
 
     def forked_then_spawned(make, environ, modules=(), budgeted=False, meanwhile=None):
         make("forkserver")  # as if it had failed once its workers were up
@@ -126,7 +126,7 @@ def test_a_start_retried_with_spawn_replaces_the_first_workers(monkeypatch):
 
 
 def test_a_retiring_bridge_serves_its_data_then_answers_busy():
-    # the drain before the bridge leaves the scheduler (graph/bridge.py): while workers keep
+    # the drain before the bridge leaves the scheduler (graph/cluster/bridge.py): while workers keep
     # asking for its data it waits; asked during the first phase it serves the data, and once it
     # has drained it answers Dask's "busy" (the asker takes another holder), never an error
     import asyncio
@@ -135,7 +135,7 @@ def test_a_retiring_bridge_serves_its_data_then_answers_busy():
     from distributed import Scheduler
     from distributed.worker import get_data_from_worker
 
-    from graph.bridge import _worker_class
+    from graph.cluster.bridge import _worker_class
 
     async def main():
         async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:

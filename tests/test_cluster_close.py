@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from distributed import LocalCluster
 
-from graph.cluster import connect
+from graph.cluster.connect import connect
 
 
 def test_the_runs_error_wins_over_a_failing_close(monkeypatch, capsys):

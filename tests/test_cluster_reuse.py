@@ -1,4 +1,4 @@
-"""The embedded cluster is kept between runs in one process (graph.embedded): a second
+"""The embedded cluster is kept between runs in one process (graph.cluster.embedded): a second
 ``run``/``fit`` finds its workers ready, an idle one is closed after its timeout, a failed
 run's cluster is never handed on, and the process exits with no worker left."""
 
@@ -15,14 +15,14 @@ import dask
 import psutil
 import pytest
 
-import graph.embedded as embedded
+import graph.cluster.embedded as embedded
 from pipelines import Pipeline, grid
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r'''
 import json, os, sys
-import graph.embedded as embedded
+import graph.cluster.embedded as embedded
 from pipelines import Pipeline, grid
 from pipelines.sklearn import GridSearchCV
 from sklearn.datasets import load_iris
@@ -38,7 +38,7 @@ best = Pipeline("reuse").source(src, seed=1).explore("s", grid(add, a=[1, 2])).c
 seen = []
 for _ in range(2):
     r = best.run(quiet=True, progress=False, workers=2)
-    embedded.settle_kept()  # a first run may end before its workers are in (graph/bridge.py)
+    embedded.settle_kept()  # a first run may end before its workers are in (graph/cluster/bridge.py)
     seen.append({"cluster": r.stats["cluster"], "value": r.value["m"],
                  "pids": sorted(embedded.kept().run(os.getpid).values())})
 X, y = load_iris(return_X_y=True)
@@ -98,7 +98,7 @@ def test_an_idle_kept_cluster_is_closed_after_its_timeout():
     with dask.config.set({"quiver.embedded-cluster.idle-timeout": 1}):
         r = _best().choose("m").run(quiet=True, progress=False, workers=1)
         assert r.stats["cluster"] == "started" and r.value["m"] == 3
-        embedded.settle_kept()  # its own workers in, the bridge (this process) retired: graph/bridge.py
+        embedded.settle_kept()  # its own workers in, the bridge (this process) retired: graph/cluster/bridge.py
         client = embedded.kept()
         assert client is not None
         pids = list(client.run(os.getpid).values())

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from graph import PipelineError
-from graph.collections import CollectionWarning, Partitioned
+from graph.compiling.collections import CollectionWarning, Partitioned
 from graph.state import Cancel, ExplorationState, MetricRead, Release, Start, Submit, TaskFinished
 from pipelines import Pipeline, eager, grid
 from tests import collection_steps as cs
@@ -111,7 +111,7 @@ def test_a_step_whose_graph_computes_reads_nothing_on_the_client(files, tmp_path
 def test_a_failed_partition_is_logged_under_its_step_name():
     import logging
 
-    from graph.logdigest import ComputeFailedDigest
+    from graph.report.logdigest import ComputeFailedDigest
 
     d = ComputeFailedDigest()
     rec = logging.LogRecord("distributed.worker", logging.ERROR, "", 0, "Compute Failed %s %s %s %r",
@@ -330,7 +330,7 @@ def test_a_budgeted_run_over_more_than_its_budget_stays_under_the_limit(tmp_path
     # the whole budget within seconds; the benchmark and example do, at scale)
     assert s["measured_result_bytes"] > plan.worker_data_budget * plan.workers
     # measured, the data do not fit: a plan evicted, which turns second passes on, and from then
-    # on every plan models them (graph/memory/secondpass.py: the mean cleaning reads every
+    # on every plan models them (graph/state/secondpass.py: the mean cleaning reads every
     # partition again after the mean); with the copies and Dask's partition order modelled
     # (graph/memory/interleave.py), the last plan may fit. This run submitted everything before
     # sizes were measured (its first plan, at the 1 MiB default per partition, fit), so whether it

@@ -153,7 +153,7 @@ def test_topic_names_agree():
 
 
 def test_embedded_cluster_dashboard_listens_on_loopback():
-    from graph.cluster import connect
+    from graph.cluster.connect import connect
 
     with connect(n_workers=1, quiet=True) as c:
         assert c.dashboard_link.startswith("http://127.0.0.1:")
@@ -238,7 +238,7 @@ def test_terminal_training_line_only_when_progress_is_shown():
     import io
 
     from graph.dashboard.protocol import TRAINING_TOPIC, TrainingWatch
-    from graph.progress import Progress
+    from graph.report.progress import Progress
 
     quiet, fake = Progress(enabled=None, stream=io.StringIO()), FakeClient()  # not a terminal: quiet
     assert not TrainingWatch(fake, quiet).subscribed and fake.topics == []

@@ -1,4 +1,4 @@
-"""The thin driver of the state machine on a real cluster (graph/executor.py): what it tells
+"""The thin driver of the state machine on a real cluster (graph/run/executor.py): what it tells
 the dashboard, and a watchdog's abort from another thread (docs/architecture.md §4)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from graph.dashboard.protocol import EXPLORATION_TOPIC
 from graph.errors import RunError
-from graph.executor import execute
-from graph.rerun import not_rerunnable
+from graph.run.executor import execute
+from graph.tasks.rerun import not_rerunnable
 from pipelines import Pipeline, grid
 from tests import steps
 from graph.parcels import opened
@@ -69,8 +69,8 @@ def test_a_result_lost_after_its_callback_fired_is_still_taken_as_finished():
 
     from distributed import Client, LocalCluster
 
-    from graph.executor import ExplorationDriver
-    from graph.progress import Progress
+    from graph.run.executor import ExplorationDriver
+    from graph.report.progress import Progress
     from graph.state import ExplorationState, Start
 
     compiled = Pipeline("lost").source(steps.source).then(steps.sleep_then, seconds=2.0).compile()
@@ -163,11 +163,11 @@ def test_publishing_never_waits_for_a_silent_scheduler():
 
 
 def test_every_event_and_instruction_is_produced_and_acted_on_by_the_driver():
-    """No dead vocabulary in graph/state: the driver (graph/executor.py) feeds every event
+    """No dead vocabulary in graph/state: the driver (graph/run/executor.py) feeds every event
     and carries out every instruction."""
     import inspect
 
-    import graph.executor as executor
+    import graph.run.executor as executor
     import graph.state.events as events
 
     source = inspect.getsource(executor)
@@ -186,8 +186,8 @@ def test_a_result_found_lost_by_its_watcher_is_watched_until_dask_has_it_again()
 
     from distributed import Client, LocalCluster
 
-    from graph.executor import ExplorationDriver
-    from graph.progress import Progress
+    from graph.run.executor import ExplorationDriver
+    from graph.report.progress import Progress
     from graph.state import ExplorationState, Start
 
     compiled = Pipeline("lost2").source(steps.source).then(steps.sleep_then, seconds=2.0).compile()
@@ -228,7 +228,7 @@ def test_metric_reads_are_batched_in_time(client):
     come; ``fused={}`` puts every read on that path.)"""
     import dataclasses
 
-    from graph import executor
+    from graph.run import executor
 
     drivers = []
     node = Pipeline("reads").source(steps.source).explore("a", grid(steps.add, n=list(range(300)))).choose("x", k=2)

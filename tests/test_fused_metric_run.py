@@ -1,4 +1,4 @@
-"""Metric reads fused into their step's task, on a real cluster (graph/fusedmetric.py): a choose
+"""Metric reads fused into their step's task, on a real cluster (graph/tasks/fusedmetric.py): a choose
 gives the same table, chosen value and metrics as with a read task per branch, a trivial branch
 is one task on the scheduler, a metric error reads as before, and a worker SIGKILLed after its
 step sent the metric leaves the result unchanged."""
@@ -15,7 +15,7 @@ import pytest
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from graph.errors import RunError
-from graph.executor import execute
+from graph.run.executor import execute
 from pipelines import Pipeline, grid
 from tests import steps
 from graph.parcels import opened

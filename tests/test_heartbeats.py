@@ -1,5 +1,5 @@
 """A heartbeat under way when a worker closes ends before the worker's connections close
-(graph.heartbeats): no "Unexpected exception during heartbeat" traceback in the user's output.
+(graph.cluster.heartbeats): no "Unexpected exception during heartbeat" traceback in the user's output.
 
 Real Dask scheduler and worker on loopback; the race is made certain by a heartbeat that
 takes 0.3 s, the worker closing in the middle of it."""
@@ -11,7 +11,7 @@ import logging
 
 from distributed import Scheduler, Worker
 
-from graph.heartbeats import QuietClosePlugin
+from graph.cluster.heartbeats import QuietClosePlugin
 
 
 async def _close_during_a_beat(plugin: bool) -> tuple[bool, list[str]]:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _answers():
     from gpu import gang, training
     from gpu.worker import current_task, current_worker
-    from graph.iterative import _Task
+    from graph.tasks.iterative import _Task
 
     w = current_worker()
     t = _Task()
@@ -124,7 +124,7 @@ def test_outside_a_task_dasks_own_error_is_not_waited_out(monkeypatch):
 def test_a_rung_wait_asks_again_after_a_broken_link_but_not_after_no_answer():
     from distributed.comm.core import CommClosedError
 
-    from graph.iterative import _asked
+    from graph.tasks.iterative import _asked
 
     def broken(timeout):
         raise CommClosedError("in <TCP (closed) ConnectionPool.event_wait>: Stream is closed")

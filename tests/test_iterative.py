@@ -1,4 +1,4 @@
-"""Iterative steps on a real LocalCluster with worker processes (graph.iterative).
+"""Iterative steps on a real LocalCluster with worker processes (graph.tasks.iterative).
 
 Every ordering here is proven by evidence the steps leave (files, start order), never by
 timing: a step that waits for a file only the test writes after it saw a report proves the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from graph.iterative import Iterative, ReportChannel
+from graph.tasks.iterative import Iterative, ReportChannel
 from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from graph.parcels import opened
@@ -297,7 +297,7 @@ def test_a_step_whose_answer_was_deleted_before_it_read_it_frees_its_thread(log_
     worker thread forever. Reproduced exactly: the event is set, the variable is gone."""
     from distributed import Client, Event, LocalCluster
 
-    from graph.iterative import gate_name
+    from graph.tasks.iterative import gate_name
 
     prune = PruneSpec(factor=3, min_iter=1)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",

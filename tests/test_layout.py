@@ -183,6 +183,51 @@ def _graph_modules() -> dict[str, Path]:
     return {_module_name(p): p for p in (ROOT / "graph").rglob("*.py")}
 
 
+#: graph's sub-packages, lowest first (docs/architecture.md §1): each imports graph's top-level
+#: modules (the vocabulary every layer shares: spec, keys, errors, parcels, ...) and the
+#: sub-packages before it, never one after it; the top-level modules import only each other
+GRAPH_ORDER = ["state", "tasks", "compiling", "report", "memory", "dashboard", "cluster", "run"]
+
+
+def graph_layer(module: str) -> int:
+    """``module``'s place in :data:`GRAPH_ORDER` (-1: a top-level module of ``graph``)."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in GRAPH_ORDER):
+        return GRAPH_ORDER.index(parts[1])
+    return -1
+
+
+def layer_violations() -> list[str]:
+    paths = _graph_modules()
+    modules = set(paths)
+    wrong = []
+    for name, path in sorted(paths.items()):
+        if name == "graph":
+            continue  # the package's face loads its public names lazily, from every layer
+        for dep in sorted(module_imports(path, modules)):
+            if dep != "graph" and graph_layer(dep) > graph_layer(name):
+                wrong.append(f"{name} imports {dep}")
+    return wrong
+
+
+def test_graph_subpackages_import_only_the_ones_below_them():
+    assert layer_violations() == []
+    every = {n.split(".")[1] for n in _graph_modules() if n.count(".") >= 2}
+    assert every <= set(GRAPH_ORDER), f"sub-packages not placed in GRAPH_ORDER: {every - set(GRAPH_ORDER)}"
+
+
+def test_the_layer_check_sees_an_import_that_runs_up(tmp_path, monkeypatch):
+    pkg = tmp_path / "graph"
+    for d in ("state", "run"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "state" / "machine.py").write_text("def f():\n    from ..run import executor\n")
+    (pkg / "run" / "executor.py").write_text("from ..state import machine\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert layer_violations() == ["graph.state.machine imports graph.run.executor"]
+
+
 def test_the_state_machine_and_its_rules_import_nothing_that_talks_to_a_cluster():
     """docs/architecture.md §1: the pure rules (graph/state/) import no module that talks to a
     cluster, directly or through another project module: the run's I/O sits apart from them."""

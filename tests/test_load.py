@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import graph
-import graph.compiler
+import graph.compiling.compiler
 from pipelines import Pipeline, grid
 from tests import steps
 
@@ -32,13 +32,13 @@ def wide():
 
 def test_compiling_2000_branches_computes_each_key_once(monkeypatch):
     calls = []
-    real = graph.compiler.step_key
+    real = graph.compiling.compiler.step_key
 
     def counting(fn, params, inputs):
         calls.append(fn)
         return real(fn, params, inputs)
 
-    monkeypatch.setattr(graph.compiler, "step_key", counting)
+    monkeypatch.setattr(graph.compiling.compiler, "step_key", counting)
     c = graph.compile(wide())
     assert len(c.branches) == A * B
     # one key computation per step instance: the source once, each add once, each mul once
@@ -56,7 +56,7 @@ def test_2000_branches_run_every_unique_task_once(client):
     s = result.stats
     assert s["branches"] == A * B and s["failed_branches"] == 0
     assert s["executed_tasks"] == s["unique_tasks"] == 1 + A + A * B
-    assert s["metric_tasks"] == 0  # each metric is sent by its step's task (graph/fusedmetric.py)
+    assert s["metric_tasks"] == 0  # each metric is sent by its step's task (graph/tasks/fusedmetric.py)
     expected = sorted(((1 + a) * b for a in range(A) for b in range(B)), reverse=True)[:3]
     assert [v["x"] for v in result.value] == expected
     assert result.table["chosen"].sum() == 3 and (result.table["status"] == "ok").all()

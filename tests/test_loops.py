@@ -18,7 +18,7 @@ import gpu
 from gpu import lr_schedules
 import pipelines
 from gpu.loops import PackedLoop, train_loop
-from graph.packing import packable_groups
+from graph.compiling.packing import packable_groups
 from pipelines import Pipeline, grid
 
 pytestmark = pytest.mark.timeout(240)
@@ -350,7 +350,7 @@ def test_an_idle_packed_loop_task_takes_a_member_over_and_goes_on_from_its_state
     its next epoch and the taker goes on from there. No epoch is trained twice (no report is
     replayed), every iteration reaches the run once and in order, each member ends in one result
     with its whole history, and every curve is its solo run's."""
-    from graph.packing import packed_train
+    from graph.compiling.packing import packed_train
     from tests.rule_check import run_a_late_second_pack
 
     members = {"t-a": dict(lr=0.05, seed=0, epochs=40), "t-b": dict(lr=0.2, seed=1, momentum=0.5, epochs=40)}

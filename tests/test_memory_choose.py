@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from graph import RunError
-from graph.cluster import connect
+from graph.cluster.connect import connect
 from graph.memory.budget import measure_baseline
 from graph.memory.limits import data_share
 from graph.memory.spill import MemoryPlanPlugin, PlannedSpillBuffer
@@ -120,7 +120,7 @@ def test_the_branch_a_choose_keeps_survives_the_plan_dropping_its_input():
     # a fresh cluster (idle workers): four cheap 30 MB choose inputs do not fit beside each other
     # in a worker's share (about 50 MiB of 200): the plan drops them; the one the choose keeps
     # (the highest x, declared first: it finishes while the others are pending, so the choose has
-    # not decided when the plan drops it; its metric comes with its own task, graph/fusedmetric.py)
+    # not decided when the plan drops it; its metric comes with its own task, graph/tasks/fusedmetric.py)
     # is recomputed under a new key and must reach its next step. The plan weighs
     # recomputing against spilling at the disk's speed: measured, a fast disk (1.4 GB/s on one CI
     # machine) made spilling the cheaper choice and nothing was recomputed, so the test names a

@@ -1,11 +1,11 @@
-"""Run options have one owner (graph.options.check_options): Node.run, execute and the CLI call it."""
+"""Run options have one owner (graph.run.options.check_options): Node.run, execute and the CLI call it."""
 
 from __future__ import annotations
 
 import pytest
 
 from graph.errors import PipelineError
-from graph.options import ORDERS, RunOptions, check_options
+from graph.run.options import ORDERS, RunOptions, check_options
 
 
 def test_defaults_are_the_run_defaults():
@@ -63,7 +63,7 @@ def test_a_store_path_that_is_a_file_is_refused(tmp_path):
 
 
 def test_execute_checks_its_options_before_asking_the_cluster_anything():
-    from graph.executor import execute
+    from graph.run.executor import execute
     from pipelines import Pipeline
     from tests import steps
 

@@ -1,5 +1,5 @@
 """Packing training branches: gpu.packing (the packed trainer, its member tuner) and
-graph.packing (packed tasks in a compiled run), with real torch on the real digits, and a
+graph.compiling.packing (packed tasks in a compiled run), with real torch on the real digits, and a
 real LocalCluster with worker processes for the reports and rung answers per member key."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import gpu
 import pipelines
 from gpu.packing import PackedTrainer, tune_members
-from graph.iterative import WAIT_TOPIC, ReportChannel
-from graph.packing import pack_compiled, packable_groups, packed_train
+from graph.tasks.iterative import WAIT_TOPIC, ReportChannel
+from graph.compiling.packing import pack_compiled, packable_groups, packed_train
 from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, grid
@@ -202,7 +202,7 @@ def test_a_members_horizon_is_the_epochs_its_trainer_trains(digits):
     """The take-over rule (graph/state/claims.py) plans with each member's most epochs: for a
     member that does not say, the epochs its packed trainer gives it (gpu.train's 5, not 1)."""
     from gpu.loops import PackedLoop
-    from graph.packing import _horizon, _trainer_kind
+    from graph.compiling.packing import _horizon, _trainer_kind
 
     _, _, default = _trainer_kind("train")
     trained = PackedTrainer(digits, MLP, {"a": {"lr": 0.1}}, batch_size=32, replicas=1).configs["a"].epochs
@@ -296,7 +296,7 @@ def test_packed_task_reports_and_waits_per_member_key_and_drops_pruned_members(c
     pruned = {k for k in keys if halving.stopped(keys[k]) is not None and halving.stopped(keys[k]).pruned}
     assert pruned  # three branches at rung 1: only the best continues past it
     # the members' waits for those answers held the packed task's thread: sent under its own key
-    # (graph.breakdown counts them as waiting, graph.monitor leaves them out of its compute)
+    # (graph.report.breakdown counts them as waiting, graph.run.monitor leaves them out of its compute)
     waits = [m for _, m in client.get_events(WAIT_TOPIC) if m.get("key") == "packed-test"]
     assert len(waits) == 1 and waits[0]["seconds"] > 0 and "released" not in waits[0]
     assert sum(b - a for a, b in waits[0]["spans"]) == pytest.approx(waits[0]["seconds"], rel=0.05, abs=0.01)
@@ -487,7 +487,7 @@ def test_no_take_over_while_other_tasks_wait_for_the_workers_thread():
     more tasks assigned than threads (another group's packed task waits) ends instead."""
     from types import SimpleNamespace as NS
 
-    from graph.packing import _others_wait
+    from graph.compiling.packing import _others_wait
 
     def scheduler(assigned, threads):
         worker = NS(processing=dict.fromkeys(assigned), nthreads=threads)
@@ -505,7 +505,7 @@ def test_a_fixed_member_count_comes_from_dask_config_and_bad_values_are_refused(
     import dask
 
     from graph import PipelineError
-    from graph.packing import packed_members
+    from graph.compiling.packing import packed_members
 
     with dask.config.set({"quiver.packing.members": value}):
         if expected is None:

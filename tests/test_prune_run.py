@@ -127,7 +127,7 @@ def test_a_pruned_branch_stores_nothing_and_reruns_next_time(client, tmp_path):
     first = exploration(logs, delay=0.01).run(client, store=str(store))
     pruned = set(first.table.index[first.table["status"] == "pruned"])
     assert pruned and first.stats["saved_to_store"] > 0
-    from graph.store import ResultStore
+    from graph.tasks.store import ResultStore
 
     kept = ResultStore(store)
     keys = [b.key for b in first.compiled.branches]
@@ -231,7 +231,7 @@ def test_a_run_whose_cleanup_raises_leaves_no_report_channel_open(client, tmp_pa
     """The run's report channel is closed first when the run ends, so a cleanup step that raises
     after it (here: an ``on_driver`` watcher's ``close``) does not leave the channel open, which
     would refuse every later run on the client (one channel per client)."""
-    from graph.executor import execute
+    from graph.run.executor import execute
 
     class Watcher:
         def close(self):

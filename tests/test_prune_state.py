@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graph.iterative import Iterative
+from graph.tasks.iterative import Iterative
 from graph.state.halving import Pruned
 from graph.state import (
     Answer,
@@ -273,14 +273,14 @@ def test_a_step_may_offer_its_iterations_through_quiver_iterate():
     train.__quiver_iterate__ = iterate
     train.__quiver_iterative__ = True
     assert Iterative(train)(0.25, epochs=3) == {"acc": 0.75, "plain": False}
-    from graph.iterative import is_iterative
+    from graph.tasks.iterative import is_iterative
 
     assert is_iterative(train)
 
 
 def test_a_pruned_step_stores_nothing(tmp_path):
-    from graph.store import ResultStore
-    from graph.transform import SaveResult
+    from graph.tasks.store import ResultStore
+    from graph.compiling.transform import SaveResult
 
     store = ResultStore(tmp_path)
     SaveResult(lambda: Pruned(2, {"score": 0.1}), store.file("k1"), "k1")()
@@ -340,7 +340,7 @@ def test_the_history_is_not_copied_by_every_operation_on_the_table():
     of the run, shared by the tables derived from the result's table."""
     import copy
 
-    from graph.table import build_table
+    from graph.report.table import build_table
 
     c = Pipeline("p").source(ps.data).explore("c", grid(ps.curve, spec=[A, B], log_dir=["/x"])).choose("score").compile()
     ka, _ = (b.key for b in c.chooses[0].inputs)

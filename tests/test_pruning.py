@@ -104,7 +104,7 @@ def test_generator_steps_through_partial_and_after_a_choose_are_iterative():
 def test_gpu_train_is_an_iterative_step():
     import gpu
 
-    from graph.iterative import is_iterative
+    from graph.tasks.iterative import is_iterative
 
     assert is_iterative(gpu.train) and not is_iterative(plain)
 
@@ -314,7 +314,7 @@ def test_reports_that_arrive_together_are_ranked_against_each_other(factor, mode
 
 
 def test_compiled_iterative_tasks_are_wrapped_under_their_own_keys():
-    from graph.iterative import Iterative, iterative_task
+    from graph.tasks.iterative import Iterative, iterative_task
 
     node = runs().explore("fit", grid(fit, lr=[0.1, 0.2])).choose("accuracy", prune=halving(max_iter=2))
     c = graph.compile(node)

@@ -1,4 +1,4 @@
-"""graph/memory/secondpass.py: partitions read again after a reduction are computed again for
+"""graph/state/secondpass.py: partitions read again after a reduction are computed again for
 that read (copies), not held across it. The rule on literal graphs and generated ones (the
 copied graph computes the same values and holds no partition across a reduction), the state
 machine's use of it (events in, instructions out), and a budgeted run on a real cluster."""
@@ -11,7 +11,7 @@ from dask.task_spec import Task, TaskRef
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.memory.secondpass import phases, second_pass
+from graph.state.secondpass import phases, second_pass
 from pipelines import Pipeline, grid, lazy
 
 

@@ -1,4 +1,4 @@
-"""Shared inputs of training copied to every worker as soon as they exist (graph/sharedcopies.py,
+"""Shared inputs of training copied to every worker as soon as they exist (graph/run/sharedcopies.py,
 issue 23 point 2): the pure rules on literal and generated inputs, the plugin's scheduler side on
 literal scheduler state, and a real run on 2 worker processes with evidence from the workers."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import graph
-from graph.sharedcopies import COPY_STIMULUS, CopyShared, copy_targets, shared_inputs, training_keys
+from graph.run.sharedcopies import COPY_STIMULUS, CopyShared, copy_targets, shared_inputs, training_keys
 from pipelines import Pipeline, grid, halving
 from tests import shared_steps, steps
 
@@ -128,7 +128,7 @@ def test_the_copy_plugin_is_removed_when_the_run_fails(client, log_dir):
 def test_turned_off_by_dask_config_before_asking_the_scheduler_anything():
     import dask
 
-    from graph.sharedcopies import install
+    from graph.run.sharedcopies import install
 
     node = (Pipeline("off").source(shared_steps.load_data, log_dir="/nowhere")
             .explore("fit", grid(shared_steps.train, log_dir=["/nowhere"], lr=[0.1, 1.0])).choose("accuracy"))

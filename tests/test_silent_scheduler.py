@@ -19,7 +19,7 @@ import pytest
 
 import graph
 from graph.errors import RunError
-from graph.executor import execute
+from graph.run.executor import execute
 from pipelines import Pipeline, grid
 from tests import steps
 

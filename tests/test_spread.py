@@ -1,4 +1,4 @@
-"""Ready tasks where they start first (graph/spread.py): the rule, with literal inputs and
+"""Ready tasks where they start first (graph/run/spread.py): the rule, with literal inputs and
 hypothesis, and its effect on a real 2-worker LocalCluster."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.spread import enabled, place_ready, spread_keys
+from graph.run.spread import enabled, place_ready, spread_keys
 from pipelines import Pipeline, grid
 from tests import spread_steps
 
@@ -38,7 +38,7 @@ def test_moving_costs_what_dask_says():
 def test_what_the_plugin_may_place_and_the_config():
     from dask.task_spec import Task
 
-    from graph.iterative import iterative_task
+    from graph.tasks.iterative import iterative_task
 
     def fit(x, lr):
         yield {"a": x * lr}

@@ -1,4 +1,4 @@
-"""Metric reads fused into their step's task (graph.fusedmetric): the state machine takes the
+"""Metric reads fused into their step's task (graph.tasks.fusedmetric): the state machine takes the
 metric a step sends (``MetricSent``) before or after the step's ``TaskFinished``, counts it
 once when the step is computed again, fails a branch with the read's error as the read task
 did, and reads with the task after all when no message comes.  Literal events, then random
@@ -225,7 +225,7 @@ def test_random_orders_of_metrics_and_completions_give_the_same_decisions(shape,
         assert not any(n.startswith("metric-") for n in s.submitted)
 
 
-# ---- which reads the compiler fuses (graph.compiler.fuses_read, reads_for_run) ----------------------------------
+# ---- which reads the compiler fuses (graph.compiling.compiler.fuses_read, reads_for_run) ----------------------------------
 
 
 def counting(x, n):
@@ -234,9 +234,9 @@ def counting(x, n):
 
 
 def test_the_compiler_fuses_plain_steps_reads_only_and_keeps_every_read_task():
-    from graph.compiler import reads_for_run
-    from graph.fusedmetric import ReadsMetrics
-    from graph.plainvalues import PlainStep
+    from graph.compiling.compiler import reads_for_run
+    from graph.tasks.fusedmetric import ReadsMetrics
+    from graph.tasks.plainvalues import PlainStep
     from pipelines import halving
 
     src = Pipeline("which").source(steps.source)

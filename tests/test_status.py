@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from graph.monitor import RunMonitor
+from graph.run.monitor import RunMonitor
 from graph.state.status import (
     COLORS,
     LIVE_STATUSES,
@@ -16,7 +16,7 @@ from graph.state.status import (
     end_status,
     final_status,
 )
-from graph.table import branch_seconds
+from graph.report.table import branch_seconds
 
 
 def test_a_choose_loser_is_dropped_and_a_stopped_step_is_pruned():

@@ -1,4 +1,4 @@
-"""Warnings raised in steps (graph.stepwarnings): a user's script run as they would run it, whose
+"""Warnings raised in steps (graph.report.stepwarnings): a user's script run as they would run it, whose
 step warns and whose scikit-learn fits do not converge, on a real local cluster of 2 worker
 processes. Each distinct warning shows once on the console, at the user's file and line, not once
 per worker process and not at cloudpickle's ``<dynamic-code>``."""

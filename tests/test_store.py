@@ -1,4 +1,4 @@
-"""The opt-in result store (graph/store.py, applied by graph/transform.py): resumable explorations keyed by deterministic task keys,
+"""The opt-in result store (graph/tasks/store.py, applied by graph/compiling/transform.py): resumable explorations keyed by deterministic task keys,
 and steps marked not_rerunnable failing their branch instead of running twice after a worker loss."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from graph.store import ResultStore
+from graph.tasks.store import ResultStore
 from pipelines import Pipeline, PipelineError, grid
 from tests import steps
 
@@ -116,8 +116,8 @@ def test_editing_a_step_invalidates_it_and_everything_downstream(client, log_dir
 
 
 def test_unpicklable_values_are_used_but_not_stored(tmp_path):
-    from graph.store import StoreWarning
-    from graph.transform import SaveResult
+    from graph.tasks.store import StoreWarning
+    from graph.compiling.transform import SaveResult
 
     store = ResultStore(tmp_path / "store")
     wrapped = SaveResult(steps.with_lock, store.file("with_lock-1"), "with_lock-1")

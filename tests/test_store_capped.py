@@ -11,7 +11,7 @@ steps after it).  Such keys now neither save nor load; everything else still doe
 from __future__ import annotations
 
 import graph
-from graph.transform import prepare
+from graph.compiling.transform import prepare
 from pipelines import Pipeline, grid, halving
 
 

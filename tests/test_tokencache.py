@@ -1,4 +1,4 @@
-"""graph/tokencache.py: while a run compiles, each function's Dask token is computed once, and
+"""graph/compiling/tokencache.py: while a run compiles, each function's Dask token is computed once, and
 every key stays what Dask alone makes it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dask.tokenize as dask_tokenize
 import pytest
 from dask.base import tokenize
 
-import graph.compiler
-from graph.tokencache import function_tokens_once
+import graph.compiling.compiler
+from graph.compiling.tokencache import function_tokens_once
 from tests import collection_steps as cs
 from tests.test_collections import exploration
 
@@ -75,7 +75,7 @@ def test_compiling_a_collection_exploration_normalises_each_function_once_with_t
             monkeypatch.setattr(dask_tokenize, "_normalize_pickle", real)
 
     memo, once = compile_counting()
-    monkeypatch.setattr(graph.compiler, "function_tokens_once", contextlib.nullcontext)
+    monkeypatch.setattr(graph.compiling.compiler, "function_tokens_once", contextlib.nullcontext)
     bare, again = compile_counting()
     assert sorted(map(str, memo.graph)) == sorted(map(str, bare.graph))
     assert [b.key for b in memo.branches] == [b.key for b in bare.branches]

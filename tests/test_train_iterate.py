@@ -122,7 +122,7 @@ def test_closing_a_gang_stops_every_member_at_the_next_epoch_boundary(client, di
 
 
 def test_two_single_worker_trainings_run_side_by_side(client, digits, log_dir):
-    from graph.iterative import Iterative
+    from graph.tasks.iterative import Iterative
     from graph.parcels import opened
 
     kw = dict(epochs=2, batch_size=32, replicas=1, workers=1)

@@ -1,11 +1,11 @@
-"""Workers import a run's step modules at its start (graph.warmup), not when their first
+"""Workers import a run's step modules at its start (graph.cluster.warmup), not when their first
 task arrives: evidence from the workers' own import times on a fresh real cluster."""
 
 from __future__ import annotations
 
 from distributed import Client, LocalCluster
 
-from graph.warmup import step_modules
+from graph.cluster.warmup import step_modules
 from pipelines import Pipeline, grid
 from tests.warm_source import slow_source
 from tests.warm_steps import widen
@@ -14,7 +14,7 @@ from tests.warm_steps import widen
 def _imported(name: str) -> tuple:
     import sys
 
-    from graph.warmup import imported_by_warmup
+    from graph.cluster.warmup import imported_by_warmup
 
     module = sys.modules.get(name)
     return getattr(module, "IMPORTED_AT", None), name in imported_by_warmup

@@ -145,7 +145,7 @@ def test_a_scheduler_without_workers_ends_the_run_instead_of_waiting():
 def test_reports_are_progress_for_paused_and_unrunnable_but_not_for_a_silent_scheduler():
     """A step that reports is computing: a long first epoch on a paused worker, or branches
     training while a gang waits for workers that are gone, is not a stall; the conditions count
-    from the last report, and end the run once the reports stop (graph/watchdog.py docs)."""
+    from the last report, and end the run once the reports stop (graph/run/watchdog.py docs)."""
     w = Watchdog(stall_timeout=10)
     # paused for 40 s, no task finished, a report every 6 s: never stopped
     assert all(v is None for v in feed(w, *[Observation(t=t, paused=1, progress=2, reports=t // 6) for t in range(0, 42, 2)]))
@@ -173,7 +173,7 @@ def test_an_error_in_the_watchdog_thread_stops_the_run_with_that_error(client):
     """The sampler's thread used to die silently (e.g. "dictionary changed size during
     iteration" reading the machine's live dicts), leaving the run unwatched. Any error there
     now aborts the run, naming it."""
-    from graph.watchdog import Sampler
+    from graph.run.watchdog import Sampler
 
     got = []
 
@@ -197,7 +197,7 @@ def test_stall_timeout_has_one_meaning_in_execute_and_run(client):
     import threading
 
     import graph
-    from graph.executor import execute
+    from graph.run.executor import execute
     from graph.state.watchdog import DEFAULT_STALL_TIMEOUT, stall_seconds
     from tests import steps
 

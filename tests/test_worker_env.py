@@ -1,4 +1,4 @@
-"""The process environment a run's steps see on a worker is what graph.workerenv's rule says:
+"""The process environment a run's steps see on a worker is what graph.cluster.workerenv's rule says:
 Quiver's mmap threshold on embedded clusters (so mid-sized arrays are not an mmap/munmap pair
 each, as Dask's trim setting alone makes them), Dask's own under a memory budget, and Dask's
 thread limits everywhere. Read from inside real tasks on real worker processes."""
@@ -9,7 +9,7 @@ import dask
 import pytest
 from distributed import Client, LocalCluster
 
-from graph.workerenv import DASK_MMAP_THRESHOLD, MMAP_THRESHOLD, embedded_environ, mmap_threshold, probe_environment, tune_workers
+from graph.cluster.workerenv import DASK_MMAP_THRESHOLD, MMAP_THRESHOLD, embedded_environ, mmap_threshold, probe_environment, tune_workers
 from pipelines import Pipeline
 from tests.env_steps import probe
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(probe_environment()["mmapped"] is None, reason="
 @pytest.fixture(autouse=True)
 def _workers_only():
     # the workers' environment: a new cluster's first tasks may otherwise run in this process,
-    # whose environment is its own (graph.bridge; its own test: tests/test_bridge.py)
+    # whose environment is its own (graph.cluster.bridge; its own test: tests/test_bridge.py)
     with dask.config.set({"quiver.embedded-cluster.bridge": False}):
         yield
 

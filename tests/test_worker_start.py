@@ -1,4 +1,4 @@
-"""An embedded cluster's workers are forks of one prepared process (graph.workerstart): they
+"""An embedded cluster's workers are forks of one prepared process (graph.cluster.workerstart): they
 start with the run's installed step modules imported, never with a stale copy of the user's own
 modules, with this process's environment, and only when the prepared process's allocator and
 thread settings are the ones the workers need (else Dask's ``spawn``)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from graph.workerstart import preloadable, start_method
+from graph.cluster.workerstart import preloadable, start_method
 from tests.fresh_python import python_prints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ sys.path.insert(0, sys.argv[1])
 import my_user_steps                      # the user's own module: never preloaded
 import sklearn.svm._classes               # an installed one: preloaded
 import dask
-from graph.cluster import connect
-import graph.embedded as embedded
+from graph.cluster.connect import connect
+import graph.cluster.embedded as embedded
 
 def probe():
     return {"ppid": os.getppid(), "svm": "sklearn.svm._classes" in sys.modules,
@@ -107,7 +107,7 @@ def test_embedded_workers_are_forks_with_installed_step_modules_and_this_process
         assert w["ppid"] != me          # a fork of the server, not a child of this process
         assert w["svm"] is True         # imported before the worker ran anything
         assert w["user"] is False       # the user's module is not carried over from the server
-        assert w["mmap"] == "33554432"  # Quiver's allocator setting (graph.workerenv)
+        assert w["mmap"] == "33554432"  # Quiver's allocator setting (graph.cluster.workerenv)
 
     second = out["second"]              # the same server, a variable set since it started
     assert second["method"] == "forkserver"
@@ -132,8 +132,8 @@ os.environ["QUIVER_TEST_PARENT"] = str(os.getpid())
 import explodes_in_server               # fine here; raises in any other process (the server)
 import sklearn.svm._classes
 import dask
-import graph.workerstart as ws
-from graph.cluster import connect
+import graph.cluster.workerstart as ws
+from graph.cluster.connect import connect
 
 purelib = __import__("sysconfig").get_paths()["purelib"]
 ws._roots = lambda: [sys.argv[1], purelib]  # the test's module counts as installed
@@ -152,7 +152,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_module_failing_in_the_prepared_process_leaves_it_serving(tmp_path):
-    """Any error of a preloaded module (not only ImportError) stays in graph.forkserver_preload:
+    """Any error of a preloaded module (not only ImportError) stays in graph.cluster.forkserver_preload:
     the server lives on and forks workers, which import that module themselves if they need it."""
     (tmp_path / "explodes_in_server.py").write_text(
         "import os\n"
@@ -174,7 +174,7 @@ def test_a_started_server_leaves_this_process_its_meanwhile_work():
     gives it the run's table library (pandas), which a torch script that has not imported it
     would otherwise import after the run's last task, with the workers idle."""
     assert python_prints(r'''
-import sys, graph.workerstart as ws
+import sys, graph.cluster.workerstart as ws
 calls = []
 first = ws.start_workers(lambda method: method, {}, (), meanwhile=lambda: calls.append("pandas" in sys.modules))
 again = ws.start_workers(lambda method: method, {}, (), meanwhile=lambda: calls.append("again"))
@@ -182,7 +182,7 @@ print("RESULT", first[1], again[1], calls)
 ''') == "RESULT forkserver forkserver [False]"
     assert python_prints(r'''
 import sys
-from graph.cluster import connect
+from graph.cluster.connect import connect
 before = "pandas" in sys.modules
 with connect(n_workers=1, quiet=True) as c:
     print("RESULT", before, "pandas" in sys.modules)

@@ -150,7 +150,7 @@ def test_a_budgeted_run_with_large_temporaries_stays_under_the_pause_line():
 
 
 def test_the_monitor_pairs_a_nannys_restart_with_the_workers_removal_in_either_order():
-    from graph.monitor import RunMonitor
+    from graph.run.monitor import RunMonitor
 
     removed = {"action": "remove-worker", "worker": "tcp://w1", "processing-tasks": {"big-1", "other-run-9"}}
     restarted = {"worker": "tcp://w1", "pid": 7, "rss": 650 * MiB}

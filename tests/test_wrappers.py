@@ -7,12 +7,12 @@ import functools
 
 from dask.task_spec import Task
 
-from graph.iterative import Iterative
-from graph.rerun import RunOnce, is_rerun_safe, not_rerunnable
-from graph.shipping import ByValue
+from graph.tasks.iterative import Iterative
+from graph.tasks.rerun import RunOnce, is_rerun_safe, not_rerunnable
+from graph.tasks.shipping import ByValue
 from graph.state.machine import runs_iterative
-from graph.tracebacks import step_functions
-from graph.transform import SaveResult
+from graph.report.tracebacks import step_functions
+from graph.compiling.transform import SaveResult
 from graph.wrappers import innermost, layers
 
 

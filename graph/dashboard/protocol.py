@@ -333,7 +333,7 @@ class TrainingWatch:
     terminal, or asked for), and writes e.g. ``train epoch 3/5 acc 0.941 5,210 samples/s``
     into ``progress.extra``.
 
-    >>> from graph.progress import Progress
+    >>> from graph.report.progress import Progress
     >>> bar = Progress(enabled=False)
     >>> w = TrainingWatch(None, bar)
     >>> w.on_event((0.0, {"kind": "epoch", "rank": 0, "epoch": 2, "epochs": 5, "accuracy": 0.9, "samples_per_s": 1200.0}))

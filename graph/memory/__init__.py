@@ -6,7 +6,7 @@
   rule over the run order), as a printable :class:`MemoryPlan`;
 * :mod:`graph.memory.interleave`: pure: the order Dask runs a submission's partitions in (across
   sibling branches), which the plan walks;
-* :mod:`graph.memory.secondpass`: pure: a partition read again after a reduction is computed again
+* :mod:`graph.state.secondpass`: pure: a partition read again after a reduction is computed again
   for that read instead of held across it (when the data do not fit);
 * :mod:`graph.memory.spill`: on the workers, Dask's ``SpillBuffer`` evicting by the plan;
 * :mod:`graph.memory.budget`: a run under a ``memory_budget`` (limits, baseline, re-planning).

@@ -78,7 +78,7 @@ def step_libraries(compiled: Any) -> list[str]:
 
     import cloudpickle
 
-    from ..tracebacks import step_functions
+    from ..report.tracebacks import step_functions
 
     by_value = set(cloudpickle.list_registry_pickle_by_value())
     mods: set[str] = set()
@@ -360,14 +360,14 @@ class BudgetedRun:
     @property
     def copyable(self) -> frozenset:
         """Empty while the run's data fit; once a plan evicts, the keys a second pass may compute
-        again instead of holding them across a reduction (graph/memory/secondpass.py; the state
+        again instead of holding them across a reduction (graph/state/secondpass.py; the state
         machine applies it to what it submits, and every plan from then on models it): the
         partitions of collection steps (Dask's tasks, never a plain step's) whose functions are
         not marked not-rerunnable."""
         if not self.second_passes:
             return frozenset()
         if self._copyable is None:
-            from ..rerun import is_rerun_safe
+            from ..tasks.rerun import is_rerun_safe
 
             graph, steps = self.compiled.graph, self.compiled.step_of
             self._copyable = frozenset(k for k in steps if k in graph and is_rerun_safe(getattr(graph[k], "func", None)))
@@ -489,7 +489,7 @@ class BudgetedRun:
     def _droppable(self, plan: MemoryPlan) -> frozenset:
         """What the plan drops, less the results of steps that must not run twice (they are
         spilled instead: recomputing them would be a second run)."""
-        from ..rerun import is_rerun_safe
+        from ..tasks.rerun import is_rerun_safe
 
         from ..keys import original_key
 
@@ -598,12 +598,12 @@ class BudgetedRun:
 
 def _with_second_passes(compiled: Any, copyable: frozenset) -> Any:
     """``compiled`` as a run with second passes runs it, for the plan: its graph with copies of the
-    ``copyable`` keys (graph/memory/secondpass.py; numbered from 2**20, apart from the copies the
-    run makes), and the dependents to match (graph.compiler.dependents_of)."""
+    ``copyable`` keys (graph/state/secondpass.py; numbered from 2**20, apart from the copies the
+    run makes), and the dependents to match (graph.compiling.compiler.dependents_of)."""
     import dataclasses
 
-    from ..compiler import dependents_of
-    from .secondpass import copy_name, second_pass
+    from ..compiling.compiler import dependents_of
+    from ..state.secondpass import copy_name, second_pass
 
     sp = second_pass(compiled.graph, copyable.__contains__, lambda k, c: copy_name(k, (1 << 20) + c))
     if not sp.original:

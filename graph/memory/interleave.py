@@ -30,7 +30,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from .secondpass import partition_layer
+from ..state.secondpass import partition_layer
 
 __all__ = ["interleave", "rootish_groups"]
 

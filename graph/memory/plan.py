@@ -15,7 +15,7 @@ value: print it, test it, and compare it with what a run measured.
 >>> def scale(x, f): return x * f
 >>> src = SourceSpec("demo", Call(load, (), "load", size_hint=100))
 >>> alts = tuple(Alternative(f"x{f}", Call(scale, (("f", f),), "scale", size_hint=100 * f)) for f in (1, 2))
->>> from graph.compiler import compile_spec
+>>> from graph.compiling.compiler import compile_spec
 >>> plan = plan_memory(compile_spec(ExploreSpec(src, "f", alts)), budget=1000, workers=1, baseline=0)
 >>> plan.fits, plan.predicted_data_peak
 (True, 400)
@@ -103,7 +103,7 @@ class MemoryPlan:
     thresholds: Thresholds = field(default_factory=Thresholds)  # Dask's, that the share was computed with
     working: dict = field(default_factory=dict)  # measured working memory per key (graph.memory.working)
     predicted_working_peak: int = 0  # results held plus the running task's temporaries, at the worst moment
-    second_passes: bool = False  # planned with second passes' copies (graph/memory/secondpass.py)
+    second_passes: bool = False  # planned with second passes' copies (graph/state/secondpass.py)
 
     @property
     def evicts(self) -> bool:
@@ -319,7 +319,7 @@ def plan_memory(
     result) count toward the peak while it runs, and the plan makes room for those that would
     pass the gap between Dask's spill and pause lines, so the worker need not pause.
     ``second_passes``: ``compiled`` holds second passes' copies, as a run whose data do not fit
-    runs them (graph/memory/secondpass.py; graph/memory/budget.py makes it); recorded in the plan.
+    runs them (graph/state/secondpass.py; graph/memory/budget.py makes it); recorded in the plan.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;

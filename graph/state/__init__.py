@@ -11,9 +11,9 @@
 * :mod:`graph.state.claims`: which packed task trains which member;
 * :mod:`graph.state.watchdog`: whether a run is stuck, and the meaning of ``stall_timeout``.
 
-Nothing here talks to a cluster (``tests/test_layout.py`` checks it); ``graph.executor`` is
-the thin driver that does, with ``graph.packing`` (the claim table on the scheduler) and
-``graph.watchdog`` (the thread that samples the scheduler). Names load
+Nothing here talks to a cluster (``tests/test_layout.py`` checks it); ``graph.run.executor`` is
+the thin driver that does, with ``graph.compiling.packing`` (the claim table on the scheduler) and
+``graph.run.watchdog`` (the thread that samples the scheduler). Names load
 on first use, so ``graph.memory.plan`` (imported on workers) reads the order without loading
 the machine.
 

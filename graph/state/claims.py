@@ -1,12 +1,12 @@
 """Which packed task trains which member: claims made at run time (docs/architecture.md §7.3).
 
-A packable group (``graph.packing``) becomes one packed task per worker thread; none of them
+A packable group (``graph.compiling.packing``) becomes one packed task per worker thread; none of them
 owns members when the run starts. Each packed task *claims* members from its group's table as
 it has places (when it starts, and whenever a member leaves it, pruned or finished), so no
 packed task idles while a member of its group waits, wherever that member was declared.
 
 The table is a plain dict: the decision here is pure (:func:`claim`, tested with literal inputs
-and hypothesis in ``tests/test_claims.py``); ``graph.packing.claim_on_scheduler`` applies it
+and hypothesis in ``tests/test_claims.py``); ``graph.compiling.packing.claim_on_scheduler`` applies it
 atomically on the scheduler (one ``run_on_scheduler`` call from the worker; the table lives in
 the scheduler's task metadata, ``["quiver", "claims", name]``).
 
@@ -74,7 +74,7 @@ def claim(table: dict, pack: Hashable, attempt: Hashable, order: Sequence[Hashab
     """Claim up to ``want`` unclaimed members of ``order`` for ``pack`` (``table`` is updated in
     place); returns the members ``pack`` now gets: on the first call of a new ``attempt`` the ones
     it had claimed before, then new ones (``attempt``: any id, new for each run of the
-    pack, e.g. ``graph.iterative``'s task attempt). ``packs``: every pack of the group (for ``fair``).
+    pack, e.g. ``graph.tasks.iterative``'s task attempt). ``packs``: every pack of the group (for ``fair``).
     ``horizon`` (each member's most iterations): when nothing is unclaimed, an idle pack takes
     one member over (module docstring); ``moves``: the taker will wait for the member's state
     (:func:`collect`) instead of replaying it."""

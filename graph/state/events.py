@@ -4,7 +4,7 @@ Events are facts the driver observed (a task finished, a metric was read, a resu
 lost with its worker, someone asked to abort); instructions are what the machine decided
 the driver must do (submit these tasks, read these metrics, release or cancel these
 results, wait for these again, show this, stop).  Every one is produced and acted on in
-production (``graph.executor``). Both are small frozen values, so a test writes them literally::
+production (``graph.run.executor``). Both are small frozen values, so a test writes them literally::
 
     >>> TaskFinished("load-1"), Release(("load-1",))
     (TaskFinished(name='load-1'), Release(names=('load-1',)))
@@ -89,7 +89,7 @@ class MetricRead:
 @dataclass(frozen=True)
 class MetricSent:
     """The step running under ``step`` sent the metric ``name`` while it ran (a read fused into
-    the step's task: ``graph.fusedmetric``), before or after its :class:`TaskFinished` comes.
+    the step's task: ``graph.tasks.fusedmetric``), before or after its :class:`TaskFinished` comes.
     ``error`` (``"Type: message"``) when the step's value gave no metric; ``metric`` is then
     ``None``. The first one for ``name`` counts: a step computed again sends it again."""
 
@@ -114,7 +114,7 @@ class TaskLost:
 class MemoryPlanned:
     """The memory plan (re)decided which finished results may be released early and recomputed;
     ``copyable``: when the run's data do not fit its budget, the keys a partition read again after
-    a reduction may be computed again for that read instead of held (graph/memory/secondpass.py)."""
+    a reduction may be computed again for that read instead of held (graph/state/secondpass.py)."""
 
     droppable: frozenset
     copyable: frozenset = frozenset()
@@ -168,7 +168,7 @@ class Release:
 @dataclass(frozen=True)
 class Answer:
     """Answer the iterative step running under ``name``, waiting at the rung it reached with
-    ``iteration`` reports: ``"continue"`` or ``"stop"`` (``graph.iterative.ReportChannel``)."""
+    ``iteration`` reports: ``"continue"`` or ``"stop"`` (``graph.tasks.iterative.ReportChannel``)."""
 
     name: str
     iteration: int

@@ -47,7 +47,7 @@ __all__ = ["Continue", "Stop", "Decision", "Halving", "Pruned", "RungEntry", "cu
 
 @dataclass(frozen=True)
 class Pruned:
-    """What a stopped iterative step returns (``graph.iterative.Iterative`` on a ``Stop``):
+    """What a stopped iterative step returns (``graph.tasks.iterative.Iterative`` on a ``Stop``):
     the run recognises it (status ``pruned``)."""
 
     iterations: int

@@ -10,7 +10,7 @@ keeps (:func:`graph.state.ranking.decide`), when the same metric mistake stops t
 every branch's status (the rule: :mod:`graph.state.status`); and, for iterative steps, their reports and the pruning choose's
 halving rule (:class:`graph.state.halving.Halving`): a :class:`Report` at a rung is answered with
 an :class:`Answer`, a pruned branch's step is stopped (docs/architecture.md §7.2). The
-driver (``graph.executor``) only talks to the Client.
+driver (``graph.run.executor``) only talks to the Client.
 
 Every event costs time in what it touches, never a scan over all branches: the machine
 keeps, per key, how many unresolved live targets still need it (the rule for releasing),
@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..keys import original_key, recompute_key, step_name
-from ..memory.secondpass import copy_name, second_pass
+from .secondpass import copy_name, second_pass
 from ..wrappers import layers
 from .halving import Halving, curve_choose
 from .metric import extract_metric, metric_failure_cause
@@ -146,7 +146,7 @@ class ExplorationState:
                     self.out_hold[k] += 1
                 for g in t.branch.gates:
                     self.outputs_by_gate[g].append(t.index)
-        # the dependents of every key, metric reads included (one owner: graph.compiler.dependents_of)
+        # the dependents of every key, metric reads included (one owner: graph.compiling.compiler.dependents_of)
         self.dependents: dict[str, set] = {k: set(v) for k, v in compiled.dependents.items()}
         for mk, task in compiled.metric_graph.items():
             for d in task.dependencies:
@@ -175,7 +175,7 @@ class ExplorationState:
         self.errored: set[str] = set()
         self.errors: dict[str, tuple[str, str]] = {}
         self.metric_values: dict[str, tuple[float, dict]] = {}
-        # reads fused into their step's task (graph.fusedmetric; the compiler's choice): metric key ->
+        # reads fused into their step's task (graph.tasks.fusedmetric; the compiler's choice): metric key ->
         # step key while the step's message is awaited; a read whose message cannot come leaves it
         self.fused: dict[str, str] = dict(getattr(compiled, "fused", None) or {})
         self.fused_of: dict[str, list[str]] = defaultdict(list)  # step key -> its fused metric keys
@@ -185,7 +185,7 @@ class ExplorationState:
         self.droppable: frozenset = frozenset()
         self.recomputes = 0
         # under a plan whose data do not fit: second passes over a collection read copies
-        # (graph/memory/secondpass.py); key -> the late readers that read a copy of it
+        # (graph/state/secondpass.py); key -> the late readers that read a copy of it
         self.copyable: frozenset = frozenset()
         self.read_as_copy: dict[str, set] = defaultdict(set)
         self.copies_made = 0
@@ -747,7 +747,7 @@ class ExplorationState:
 
     def _second_pass(self, tasks: dict, prio: dict) -> frozenset:
         """Late readers of a collection's partitions read copies computed after the reduction
-        (graph/memory/secondpass.py), in place in ``tasks``/``prio``; returns the copies' names.
+        (graph/state/secondpass.py), in place in ``tasks``/``prio``; returns the copies' names.
         What may be copied: ``MemoryPlanned.copyable`` (graph/memory/budget.py says which)."""
         base, top = self.recomputes, [0]
 
@@ -1044,7 +1044,7 @@ class ExplorationState:
 
 
 def runs_iterative(task: Any) -> bool:
-    """Whether a compiled task runs an iterative step (``graph.iterative.Iterative``, marked
+    """Whether a compiled task runs an iterative step (``graph.tasks.iterative.Iterative``, marked
     ``__quiver_iterative_task__``), also under the run's wrappers (``graph.wrappers``).
     Collections' ``Alias`` and ``DataNode`` entries have no ``func``: not iterative."""
     return any(getattr(f, "__quiver_iterative_task__", False) for f in layers(getattr(task, "func", None)))

@@ -14,7 +14,7 @@ inputs by choose and input, then the output branches); each target depth-first.
 >>> def add(x, n): return {"x": x + n}
 >>> src = SourceSpec("demo", Call(load, (), "load"))
 >>> alts = tuple(Alternative("add", Call(add, (("n", n),), "add")) for n in (1, 2))
->>> from graph.compiler import compile_spec
+>>> from graph.compiling.compiler import compile_spec
 >>> ts = run_targets(compile_spec(ChooseSpec(ExploreSpec(src, "n", alts), "x", "x")))
 >>> [(t.kind, t.stage) for t in ts]
 [('choose', 0), ('choose', 0), ('output', 1), ('output', 1)]
@@ -38,7 +38,7 @@ class Target:
 
     id: int
     kind: str
-    branch: Any  # graph.compiler.Branch
+    branch: Any  # graph.compiling.compiler.Branch
     choose: int | None = None  # the choose point (choose targets)
     index: int = 0  # input index at that choose, or output branch index
     metric_key: str | None = None

@@ -1,9 +1,9 @@
 """One branch's final state, as the state machine reports it: a row of ``Result.table``.
 
-The machine (:meth:`graph.state.machine.ExplorationState.rows`) fills these; ``graph.table``
+The machine (:meth:`graph.state.machine.ExplorationState.rows`) fills these; ``graph.report.table``
 turns them into the pandas table. Pure data: no pandas, no cluster.
 
->>> from graph.compiler import Branch
+>>> from graph.compiling.compiler import Branch
 >>> row = RowState(Branch(choice_items=(), key="k", lineage=()), status="ok", chosen=True, metrics=[(0, 0.9)])
 >>> row.status, row.history, row.pruned_at
 ('ok', [], None)
@@ -19,7 +19,7 @@ __all__ = ["RowState"]
 
 @dataclass
 class RowState:
-    branch: Any  # its graph.compiler.Branch
+    branch: Any  # its graph.compiling.compiler.Branch
     status: str
     chosen: bool
     metrics: list  # [(choose index, metric or None)]

@@ -8,7 +8,7 @@ Two parts, as everywhere in Quiver:
 
 * :class:`Watchdog` decides, from observations over time, whether the run is stuck and why.
   It is pure (no cluster, no clock of its own) and tested with literal observations.
-* ``graph.watchdog.Sampler`` is the thin part: a thread that samples the scheduler (workers, their
+* ``graph.run.watchdog.Sampler`` is the thin part: a thread that samples the scheduler (workers, their
   status and memory, tasks no worker can run) and the run's progress once a second, feeds
   the :class:`Watchdog`, and calls ``on_abort(message)`` once when it says so.
 

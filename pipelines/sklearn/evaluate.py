@@ -113,7 +113,7 @@ class Evaluator:
         with contextlib.ExitStack() as stack:
             client = s.client
             if lines is not None and isinstance(client, str):  # our own connection, to hear the fits finish
-                from graph.cluster import connect
+                from graph.cluster.connect import connect
 
                 client = stack.enter_context(connect(client, quiet=not s.verbose))
             if lines is not None and client is not None:

@@ -20,6 +20,7 @@ line and no traceback.
 
     python benchmarks/step_corpus.py --runs 20 --kinds cli --corpus newcomer
     python benchmarks/step_corpus.py --runs 50          # every kind, every corpus file
+    python benchmarks/step_corpus.py --runs 3 --kinds cli --corpus newcomer --trace /tmp/deadlocks
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ PY = sys.executable
 BIN = Path(sys.executable).parent
 KINDS = ("embedded", "cli", "cli-no-nanny", "threads")
 FILES = ("newcomer", "good", "bad", "readme")
+#: a folder where CLI workers write every thread's stack when the import system detects a deadlock
+#: (``--trace DIR``: ``benchmarks/corpus/deadlock_probe.py`` preloaded on each worker)
+TRACE = ""
 NOISE = re.compile(r"distributed\.\S+ - ERROR|Traceback \(most recent call last\)")
 
 _THREADS = """
@@ -79,13 +83,17 @@ def _cluster(kind: str, tmp: Path) -> tuple[list, str]:
     sfile = tmp / "scheduler.json"
     logs = open(tmp / "cluster.log", "w")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the workers unpickle this checkout's classes
+    trace = ["--preload", "deadlock_probe"] if TRACE else []  # by module name (a file path's preload did not reproduce)
+    if TRACE:
+        env["QUIVER_TRACE_DIR"] = TRACE
+        env["PYTHONPATH"] += os.pathsep + str(CORPUS)
     procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--scheduler-file", str(sfile), "--port", "0",
                                "--dashboard-address", ":0"], stdout=logs, stderr=logs, cwd=tmp, env=env)]
     _wait_file(sfile)
     workers = ([["--nworkers", "2"]] if kind == "cli" else [["--no-nanny"], ["--no-nanny"]])
     for extra in workers:
         procs.append(subprocess.Popen([str(BIN / "dask"), "worker", "--scheduler-file", str(sfile), "--nthreads", "1",
-                                       *extra], stdout=logs, stderr=logs, cwd=tmp, env=env))
+                                       *extra, *trace], stdout=logs, stderr=logs, cwd=tmp, env=env))
     from distributed import Client
 
     address = json.loads(sfile.read_text())["address"]
@@ -170,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--corpus", default=",".join(FILES))
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "step_corpus.json"))
+    ap.add_argument("--trace", metavar="DIR", default="",
+                    help="CLI workers write every thread's stack to DIR when Python detects an import deadlock")
     args = ap.parse_args(argv)
+    global TRACE
+    TRACE = str(Path(args.trace).resolve()) if args.trace else ""
     results = []
     for i in range(args.runs):  # round after round, so that a campaign cut short stays balanced
         for kind, corpus in ((k, c) for k in args.kinds.split(",") for c in args.corpus.split(",")):

@@ -7,11 +7,13 @@ does ``from sklearn.preprocessing import RobustScaler`` for the first time, the 
 the import system's module locks in opposite orders (the task thread holds
 ``sklearn.preprocessing`` and wants ``._data``; the event loop holds ``._data`` and wants its
 parent), and Python raises ``_DeadlockError`` in one of them. Traced on fresh ``dask worker``
-processes (``benchmarks/step_corpus.py --trace``): the task thread inside ``robust`` against
+processes (``benchmarks/step_corpus.py --trace DIR``): the task thread inside ``robust`` against
 the event loop in ``gather_dep`` -> ``pickle.loads`` of a ``StandardScaler`` fetched from the
-other worker, in every one of 6 runs. Quiver met it more than plain Dask because it spreads a
-scaler's consumers over the workers (the scaled data, scaler included, travels while the
-other scalers' steps import).
+other worker, in every one of 6 runs. Quiver met it more than plain Dask because of its spread
+(``graph.run.spread``: a ready task whose inputs' worker is busy may start on another worker,
+so scaled data, scaler included, travels while the other scalers' steps import): on the commit
+before this module, 3 fresh CLI runs each, ``quiver.spread-ready: False`` lost no branch, while
+``quiver.shared-copies: False`` or ``quiver.warmup: False`` lost the ``robust`` branches in 3 of 3.
 
 The cure removes the second thread: a step's value is wrapped in a :class:`Parcel`, which
 pickles its value into opaque frames when it leaves its worker (to a peer, to disk, to the

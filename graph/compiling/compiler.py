@@ -26,15 +26,15 @@ from typing import Any
 
 from dask.task_spec import Task, TaskRef
 
-from .collections import is_lazy_marked
 from ..errors import PipelineError
+from ..keys import TokenizationError, metric_key, step_key
+from ..scalars import scalar_entries
+from ..state.metric import extract_metric
 from ..tasks.fusedmetric import ReadsMetrics
 from ..tasks.iterative import is_iterative, iterative_task
 from ..tasks.plainvalues import PlainStep
-from ..keys import TokenizationError, metric_key, step_key
-from ..scalars import scalar_entries
 from ..tasks.shipping import shippable
-from ..state.metric import extract_metric
+from .collections import is_lazy_marked
 from .tokencache import function_tokens_once
 from ..spec import (
     Call,

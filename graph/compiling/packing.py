@@ -54,11 +54,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PipelineError
-from ..tasks.iterative import STOP, Iterative, _Task
 from ..parcels import opened
 from ..spec import PruneSpec
 from ..state.claims import arriving, claim, collect, give, progress
 from ..state.halving import Pruned
+from ..tasks.iterative import STOP, Iterative, _Task
 
 __all__ = [
     "IGNORED_PARAMS",

@@ -41,12 +41,12 @@ from typing import Any
 
 from dask.task_spec import Task
 
-from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
-from ..tasks.iterative import Iterative
 from ..parcels import opened
 from ..state.halving import Pruned
+from ..tasks.iterative import Iterative
 from ..tasks.rerun import RunOnce, is_rerun_safe, once_name
 from ..tasks.store import ResultStore, load_stored, write_result
+from .compiler import Branch, ChoosePoint, CompiledPipeline, dependents_of
 
 __all__ = ["PreparedRun", "SaveResult", "capped_keys", "prepare"]
 

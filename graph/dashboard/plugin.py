@@ -49,8 +49,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..memory.timeline import SAMPLE_SECONDS, MemoryTimeline, predicted_worker_peak
-from ..state.ranking import best as best_index
 from ..spec import PruneSpec
+from ..state.ranking import best as best_index
 from ..state.status import live_status, stopped_status
 from .protocol import (
     COLORS,

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..compiling.compiler import CompiledPipeline, scalar_entries
+from ..spec import fn_name
 from ..state.failures import failure_kind
 from ..state.ranking import sort_key
-from ..spec import fn_name
 from ..state.rows import RowState
 
 __all__ = ["History", "branch_seconds", "build_table", "import_table_library"]

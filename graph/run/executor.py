@@ -31,14 +31,14 @@ from distributed import Client, Future
 
 from ..bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, within
 from ..compiling.compiler import CompiledPipeline, reads_for_run
+from ..compiling.transform import prepare
 from ..dashboard import ensure_dashboard
 from ..dashboard.protocol import ExplorationPublisher, TrainingWatch
 from ..errors import BranchFailureWarning, RunError
 from ..memory.budget import BudgetedRun
-from .monitor import RunMonitor, snapshot_on_scheduler
-from .options import RunOptions, check_options
 from ..parcels import RETRY_TOPIC, opened, retries_by_key, set_client_process
 from ..report.progress import Progress
+from ..report.table import build_table
 from ..state import (
     Abort,
     Answer,
@@ -64,8 +64,8 @@ from ..state import (
     Watch,
 )
 from ..state.failures import failed_everywhere, failure_kind
-from ..report.table import build_table
-from ..compiling.transform import prepare
+from .monitor import RunMonitor, snapshot_on_scheduler
+from .options import RunOptions, check_options
 
 __all__ = ["ExplorationDriver", "RunRecord", "execute"]
 

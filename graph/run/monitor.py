@@ -24,9 +24,9 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..cluster.bridge import NAME as BRIDGE
-from ..tasks.iterative import WAIT_TOPIC
 from ..keys import original_key
 from ..memory.working import WORKING_TOPIC
+from ..tasks.iterative import WAIT_TOPIC
 
 __all__ = ["RunMonitor", "snapshot_on_scheduler"]
 

@@ -33,10 +33,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import runplugins
 from ..bounded import within
-from .runplugins import RunPlugin
 from ..state.machine import runs_iterative
+from . import runplugins
+from .runplugins import RunPlugin
 
 __all__ = ["COPY_STIMULUS", "CopyShared", "copy_targets", "install", "remove", "shared_inputs", "training_keys"]
 

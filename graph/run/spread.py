@@ -44,8 +44,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from . import runplugins
 from ..config import config_flag
+from . import runplugins
 from .runplugins import RunPlugin
 
 __all__ = ["SpreadReady", "enabled", "install", "place_ready", "remove", "spread_keys"]

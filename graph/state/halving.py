@@ -39,8 +39,8 @@ import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from .ranking import sort_key
 from ..spec import PruneSpec
+from .ranking import sort_key
 
 __all__ = ["Continue", "Stop", "Decision", "Halving", "Pruned", "RungEntry", "curve_choose"]
 

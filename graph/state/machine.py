@@ -32,11 +32,11 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..keys import original_key, recompute_key, step_name
-from .secondpass import copy_name, second_pass
 from ..wrappers import layers
 from .halving import Halving, curve_choose
 from .metric import extract_metric, metric_failure_cause
 from .ranking import best_so_far, decide, meets
+from .secondpass import copy_name, second_pass
 from .events import (
     Abort,
     Answer,

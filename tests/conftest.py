@@ -58,53 +58,12 @@ def has_gpu() -> bool:
         return False
 
 
-# Test files whose every test is slow (a cluster of their own per test, subprocess runs of
-# examples or the CLI, training, browsers, namespaced hosts): `make test-fast` (pytest -m "not
-# slow") leaves them out. A new slow test elsewhere takes @pytest.mark.slow itself.
-SLOW_FILES = {
-    "test_allreduce.py": "LocalClusters of its own, collectives over TCP and UCX",
-    "test_big_table_example.py": "writes and explores a Parquet table",
-    "test_cli.py": "quiver run in subprocesses, each with an embedded cluster",
-    "test_cluster_close.py": "starts and closes clusters",
-    "test_collections.py": "embedded clusters over Parquet partitions",
-    "test_dashboard.py": "scheduler pages over HTTP during runs",
-    "test_dashboard_browser.py": "headless Chromium",
-    "test_digits_example.py": "the 63-branch demo",
-    "test_driver.py": "runs that lose workers",
-    "test_first_hour.py": "scripts run with python, embedded clusters",
-    "test_gang.py": "gangs of long-running tasks",
-    "test_iterative.py": "training-style runs with pruning",
-    "test_load.py": "thousands of branches",
-    "test_memory_budget.py": "budgeted runs on clusters of their own",
-    "test_memory_choose.py": "budgeted runs on clusters of their own, a budget that stops one",
-    "test_memory_frames.py": "1200 MiB of DataFrames",
-    "test_packing.py": "packed training groups, a killed worker",
-    "test_prune_run.py": "pruned training runs",
-    "test_report.py": "matplotlib reports of real runs",
-    "test_store.py": "runs and reruns with a store",
-    "test_train.py": "torch training on workers",
-    "test_train_faults.py": "a worker killed during training",
-    "test_train_iterate.py": "torch training as an iterative step",
-    "test_watchdog.py": "runs that stall on purpose",
-}
-
-# single slow tests in otherwise quick files (5-18 s each here under load, measured with --durations)
-SLOW_TESTS = {
-    "test_run.py::test_killing_a_worker_mid_run_gives_the_same_table",
-    "test_bad_input.py::test_cli_stops_on_the_same_metric_mistake_unless_keep_going",
-    "test_bad_input.py::test_cli_unreachable_scheduler_is_one_line",
-    "test_claims.py::test_take_overs_keep_one_trainer_per_member_and_only_empty_busier_packs",
-    "test_memory_plan.py::test_deep_chain_plans_without_recursion_error",
-    "test_sklearn_search.py::test_each_prefix_fit_runs_once",
-}
+# A slow test (a cluster of its own, subprocess runs of examples or the CLI, training, browsers,
+# namespaced hosts) says so itself: ``pytestmark = pytest.mark.slow`` in a file whose every test
+# is, ``@pytest.mark.slow`` on one test; `make test-fast` (pytest -m "not slow") leaves them out.
 
 
 def pytest_collection_modifyitems(config, items):
-    slow = pytest.mark.slow
-    for item in items:
-        name = f"{item.path.name}::{item.name.split('[')[0]}"
-        if (item.path.name in SLOW_FILES or name in SLOW_TESTS) and item.get_closest_marker("slow") is None:
-            item.add_marker(slow)
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (no CUDA device on this machine)")

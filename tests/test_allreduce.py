@@ -29,6 +29,8 @@ from gpu.schedules import (
     tree_reduce,
 )
 
+pytestmark = pytest.mark.slow  # LocalClusters of its own, collectives over TCP and UCX
+
 # ------------------------------------------------------------------ pure schedules, in memory
 
 

@@ -334,6 +334,7 @@ def test_on_metric_error_is_checked_before_a_cluster_starts(src):
         src.explore("a", grid(steps.add, n=[1, 2])).choose("x").run(on_metric_error="ignore")
 
 
+@pytest.mark.slow
 def test_cli_stops_on_the_same_metric_mistake_unless_keep_going(client, tmp_path, capsys):
     f = tmp_path / "nope.py"
     f.write_text(
@@ -412,6 +413,7 @@ def test_cli_without_a_command_or_file_exits_2(capsys):
     assert cli(["explore", "x.py"], capsys)[0] == 2
 
 
+@pytest.mark.slow
 def test_cli_unreachable_scheduler_is_one_line(tmp_path):
     f = tmp_path / "pipe.py"
     f.write_text(

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALPHAS = (0.1, 1000.0)
 KINDS = ("linear", "squares")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: writes and explores a Parquet table
 
 
 def test_same_numbers_and_choice_as_plain_dask(client, tmp_path):

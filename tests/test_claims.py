@@ -3,6 +3,7 @@ claim rule with literal inputs and hypothesis; a real cluster's packed runs are 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -140,6 +141,7 @@ def busy_schedules(draw):
     return order, packs, calls
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(busy_schedules())
 def test_take_overs_keep_one_trainer_per_member_and_only_empty_busier_packs(schedule):

@@ -7,6 +7,8 @@ from distributed import LocalCluster
 
 from graph.cluster.connect import connect
 
+pytestmark = pytest.mark.slow  # starts and closes clusters
+
 
 def test_the_runs_error_wins_over_a_failing_close(monkeypatch, capsys):
     real_close = LocalCluster.close

@@ -14,6 +14,8 @@ from graph.state import Cancel, ExplorationState, MetricRead, Release, Start, Su
 from pipelines import Pipeline, eager, grid
 from tests import collection_steps as cs
 
+pytestmark = pytest.mark.slow  # embedded clusters over Parquet partitions
+
 METHODS = ("drop", "zero", "mean")
 
 

@@ -17,7 +17,7 @@ import pytest
 from pipelines import Pipeline, grid
 from tests import steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: scheduler pages over HTTP during runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

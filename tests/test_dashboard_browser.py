@@ -22,7 +22,7 @@ import pytest
 from pipelines import Pipeline, grid
 from tests import steps
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: headless Chromium
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[1]

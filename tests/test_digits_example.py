@@ -7,7 +7,7 @@ import pytest
 
 from tests.example_module import example_module
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: the 63-branch demo
 
 
 @pytest.fixture(scope="module")

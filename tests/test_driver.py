@@ -16,6 +16,8 @@ from pipelines import Pipeline, grid
 from tests import steps
 from graph.parcels import opened
 
+pytestmark = pytest.mark.slow  # runs that lose workers
+
 
 def _exploration_events(client, since):
     return [msg for _, msg in client.get_events(EXPLORATION_TOPIC)[since:]]

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: scripts run with python, embedded clusters
 
 # The README's first example, saved as a script: `.run()` at module level, no __main__ guard;
 # a helper, a class and a constant of the script are used by the steps (shipped by value).

@@ -10,6 +10,8 @@ import torch
 
 from gpu.gang import GangContext, GangError, run_gang, run_gang_timed
 
+pytestmark = pytest.mark.slow  # gangs of long-running tasks
+
 
 def worker_addresses(client) -> list[str]:
     return sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])

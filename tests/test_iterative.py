@@ -21,6 +21,8 @@ from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from graph.parcels import opened
 
+pytestmark = pytest.mark.slow  # training-style runs with pruning
+
 WAIT = 120  # seconds before a test gives up waiting for an event (a hang, not a timing check)
 
 

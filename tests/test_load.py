@@ -21,7 +21,7 @@ from tests import steps
 ROOT = Path(__file__).resolve().parents[1]
 A, B = 50, 40  # 2,000 branches
 
-pytestmark = pytest.mark.timeout(330)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(330)]  # slow: thousands of branches
 
 
 def wide():

@@ -16,6 +16,8 @@ from graph import PipelineError, RunError
 from pipelines import Pipeline
 from tests.big_steps import clean, exploration, features, fit, make_data
 
+pytestmark = pytest.mark.slow  # budgeted runs on clusters of their own
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 ROWS = 375_000  # x 8 columns x 8 bytes = 24 MB per intermediate

@@ -19,6 +19,8 @@ from graph.memory.spill import MemoryPlanPlugin, PlannedSpillBuffer
 from pipelines import Pipeline
 from tests.big_steps import exploration
 
+pytestmark = pytest.mark.slow  # budgeted runs on clusters of their own, a budget that stops one
+
 MiB = 2**20
 BUDGET = 640 * MiB
 ROWS = 250_000  # 16 MB intermediates; 48 fits held until the choose decide: about 800 MB

@@ -7,6 +7,8 @@ import pytest
 from pipelines import Pipeline, grid
 from tests.frame_steps import center, clip, make_frame, score, square
 
+pytestmark = pytest.mark.slow  # 1200 MiB of DataFrames
+
 ROWS = 200_000
 
 

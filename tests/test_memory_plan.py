@@ -255,6 +255,7 @@ def test_order_is_depth_first_and_stages_follow_chooses():
     assert all(i > last_metric for i, s in enumerate(steps) if s == "finish")
 
 
+@pytest.mark.slow
 def test_deep_chain_plans_without_recursion_error():
     # 3000 steps in a chain, then alternatives too big to hold together behind a choose: evicting
     # one prices recomputing it through the whole chain, and recomputing the kept one replays it

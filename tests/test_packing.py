@@ -22,7 +22,7 @@ from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from pipelines import Pipeline, grid
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # slow: packed training groups, a killed worker
 
 MLP = functools.partial(gpu.MLP, 64, 10, hidden=(16,))
 WAIT = 120

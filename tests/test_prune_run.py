@@ -18,6 +18,8 @@ from pipelines.export import payload
 from tests import prune_steps as ps
 from tests.rule_check import check_rule
 
+pytestmark = pytest.mark.slow  # pruned training runs
+
 BEST = ("best", (0.6, 0.7, 0.75, 0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.91, 0.92, 0.93))
 CURVES = [
     BEST,

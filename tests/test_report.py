@@ -16,7 +16,7 @@ import pytest
 from pipelines import Pipeline, Result, grid
 from tests import steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: matplotlib reports of real runs
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -223,6 +223,7 @@ def test_progress_bar_is_drawn_when_asked(client, capsys):
 # ---- worker loss -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killing_a_worker_mid_run_gives_the_same_table():
     import os
     import signal

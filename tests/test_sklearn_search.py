@@ -106,6 +106,7 @@ def test_regression_and_delegation(client):
     assert ours.n_features_in_ == 3 and repr(ours.scorer_) == repr(theirs.scorer_)
 
 
+@pytest.mark.slow
 def test_each_prefix_fit_runs_once(client, tmp_path):
     """scale(factor) -> pca(n) -> clf(C): 2 x 2 x 3 = 12 candidates, 3 folds; the recording
     scaler is fitted once per (factor, fold) = 6 times, not 36 (and once more by the refit)."""

@@ -15,7 +15,7 @@ from graph.tasks.store import ResultStore
 from pipelines import Pipeline, PipelineError, grid
 from tests import steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: runs and reruns with a store
 
 COLS = ["a.n", "b.n", "x", "status", "chosen"]
 

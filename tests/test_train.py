@@ -18,7 +18,7 @@ from gpu.gang import run_gang
 from gpu.training import _train_member
 from pipelines import Pipeline, grid
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # slow: torch training on workers
 
 MLP = functools.partial(gpu.MLP, 64, 10, hidden=(32,))
 

@@ -15,7 +15,7 @@ import pytest
 import gpu
 from pipelines import Pipeline, grid
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # slow: a worker killed during training
 
 MLP = functools.partial(gpu.MLP, 64, 10, hidden=(32,))
 EPOCHS = 4

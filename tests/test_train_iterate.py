@@ -17,7 +17,7 @@ import pytest
 import gpu
 from gpu.training import iterate, pick_workers, train
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # slow: torch training as an iterative step
 
 MLP = functools.partial(gpu.MLP, 64, 10, hidden=(16,))
 WAIT = 120.0  # seconds a step waits for the other's file before failing (a hang, not a timing check)

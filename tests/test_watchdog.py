@@ -10,7 +10,7 @@ from graph.errors import RunError
 from graph.state.watchdog import Observation, Watchdog
 from pipelines import Pipeline, grid
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # slow: runs that stall on purpose
 
 
 def feed(w, *obs):

@@ -150,4 +150,10 @@ def share_workers(spec_cluster: Any, n_workers: int) -> None:
     for i in range(len(names), n_workers):
         base = names[i % len(names)]
         spec_cluster.worker_spec[f"{base}-{i // len(names)}"] = copy.deepcopy(spec_cluster.worker_spec[base])
-    spec_cluster.sync(spec_cluster._correct_state)
+    spec_cluster.sync(_settled, spec_cluster)  # Dask starts the new specs' workers (SpecCluster.__await__)
+
+
+async def _settled(spec_cluster: Any) -> None:
+    """Return once ``spec_cluster``'s workers match its spec (``SpecCluster.__await__``, public:
+    Dask starts the workers of the specs added, and raises what a start raised)."""
+    await spec_cluster

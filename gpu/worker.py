@@ -61,6 +61,8 @@ def task_cancelled(worker: Any = None, key: str | None = None) -> bool:
 
 #: how often :func:`task_client` asks again while Dask cannot hand out the worker's client
 CLIENT_RETRY_S = 0.5
+#: how long a task asks for the worker's client before the run is told (an infrastructure error)
+CLIENT_WAIT_S = 120.0
 
 
 def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT_RETRY_S) -> Any:
@@ -79,6 +81,7 @@ def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT
     from distributed import Reschedule, get_client
     from distributed.core import Status
 
+    deadline = time.monotonic() + CLIENT_WAIT_S
     while True:
         try:
             return get_client()
@@ -90,6 +93,9 @@ def task_client(stop: Callable[[], bool] = task_cancelled, retry: float = CLIENT
                 raise Reschedule() from exc
             if stop():
                 return None
+            if time.monotonic() > deadline:  # not asked for ever: Dask's error, named as the machinery's
+                raise RuntimeError(f"the worker's Dask client did not start within {CLIENT_WAIT_S:.0f} s "
+                                   f"(last: {type(exc).__name__}: {exc}); an infrastructure error, not the step's") from exc
             logger.info("quiver: the worker's client is not ready (%s: %s); asking again in %g s",
                         type(exc).__name__, exc, retry)
             time.sleep(retry)

@@ -27,10 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CLEANUP_SECONDS", "Interrupted", "NoAnswer", "in_thread", "wait", "within"]
+__all__ = ["CLEANUP_SECONDS", "SETUP_SECONDS", "Interrupted", "NoAnswer", "answered", "in_thread", "wait", "within"]
 
 #: the most a run's clean-up waits for the scheduler, all its calls together
 CLEANUP_SECONDS = 10.0
+#: the most one set-up call of a run (a plugin's registration, counting the workers' threads)
+#: waits for the scheduler before the run ends with a RunError saying which call
+SETUP_SECONDS = 60.0
 
 
 class NoAnswer(TimeoutError):
@@ -89,3 +92,19 @@ def within(deadline: float, fn: Callable[..., Any], *args: Any, what: str, **kwa
     if left <= 0:
         raise NoAnswer(f"{what}: skipped, the time for it has run out")
     return wait(in_thread(functools.partial(fn, *args, **kwargs), f"quiver-{what}"), what=what, timeout=left)
+
+
+def answered(fn: Callable[..., Any], *args: Any, what: str, timeout: float = SETUP_SECONDS, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a set-up call to the scheduler, waited for ``timeout`` s at most;
+    no answer by then ends the run with a :class:`graph.errors.RunError` that says which call.
+
+    >>> answered(sum, [1, 2], what="a sum")
+    3
+    """
+    try:
+        return within(time.monotonic() + timeout, fn, *args, what=what, **kwargs)
+    except NoAnswer as exc:
+        from .errors import RunError
+
+        raise RunError(f"{what}: the scheduler did not answer within {timeout:g} s; is it running, "
+                       f"reachable and not overloaded? (the run had not started: nothing is lost)") from exc

@@ -171,13 +171,14 @@ def _ready_cluster(c: Any, compiled: Any, pack: bool, modules: list[str]) -> Non
     already); then ``gpu.train`` branches that
     can share a worker are packed into groups (docs/architecture.md §7.3), one packed task per
     worker thread, each placed on its own."""
+    from graph.bounded import answered
     from graph.cluster.warmup import warm_workers
 
     warm_workers(c, modules)
     if pack:
         from graph.compiling.packing import pack_compiled
 
-        threads = c.nthreads()
+        threads = answered(c.nthreads, what="counting the workers' threads")
         pack_compiled(compiled, workers=[w for w in sorted(threads) for _ in range(threads[w])])
 
 
@@ -188,13 +189,18 @@ def _forget_claims(c: Any, compiled: Any) -> int | None:
         return None
     import contextlib
 
+    import time
+
+    from graph.bounded import CLEANUP_SECONDS, within
     from graph.compiling.packing import forget_claims, takeovers_on_scheduler
 
     takeovers = None
+    deadline = time.monotonic() + CLEANUP_SECONDS  # a clean-up: bounded, and given up quietly
     with contextlib.suppress(Exception):
-        takeovers = c.run_on_scheduler(takeovers_on_scheduler, names=compiled.claim_tables)
+        takeovers = within(deadline, c.run_on_scheduler, takeovers_on_scheduler, names=compiled.claim_tables,
+                           what="counting the packed tasks' takeovers")
     with contextlib.suppress(Exception):
-        c.run_on_scheduler(forget_claims, names=compiled.claim_tables)
+        within(deadline, c.run_on_scheduler, forget_claims, names=compiled.claim_tables, what="forgetting the claim tables")
     return takeovers
 
 

@@ -186,7 +186,7 @@ def test_roots_follow_the_pyproject_pins():
     import tomllib
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    dask_pin = next(d for d in meta["dependencies"] if d.startswith("dask=="))
+    dask_pin = next(d for d in meta["optional-dependencies"]["gpu"] if d.startswith("dask=="))  # the gpu extra's pin
     roots = gpu_wheelset.roots()
     assert dask_pin in roots and "dask-cuda==26.10.*" in roots  # dask-cuda without its cu12 extra
     assert roots[-1] == gpu_wheelset.UCX_ROOT and gpu_wheelset.UCX_ROOT not in gpu_wheelset.roots(ucx=False)

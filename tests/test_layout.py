@@ -263,3 +263,111 @@ def test_the_state_package_loads_no_cluster_code():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('distributed', 'pandas', 'torch')))"
     )
     assert python_prints(code) == "[]"
+
+
+#: the packages whose private names Quiver may use only in the fence (graph/_dask.py)
+DASK_PACKAGES = ("dask", "distributed", "zict", "bokeh", "ucxx", "distributed_ucxx", "dask_cuda", "tornado")
+#: private names of Dask's packages that also name Quiver's own attributes: a load of one outside
+#: the fence is allowed only on ``self`` (Quiver's own object)
+DASK_PRIVATE = {"_state", "_run", "_name", "_correct_state", "_lookup", "_layer", "_prefix", "_cancel_evict",
+                "_capture_metrics", "_handle_errors", "_get_prefix_duration", "_forkserver_preload_set",
+                "_wait_for_active_clients", "_task_spec"}
+#: private names of other libraries Quiver uses, each with its reason (not Dask's: outside issue 50's fence)
+OTHER_PRIVATE = {
+    "_DeadlockError": "Python's importlib: the import deadlock graph/parcels.py retries",
+    "_getframe": "Python's sys: the frame of a step's warning",
+    "_BatchNorm": "torch: batch-norm layers' running statistics are averaged as SMA requires",
+    # scikit-learn's BaseSearchCV machinery, which the drop-ins reuse to match its results exactly
+    "_check_input_parameters": "scikit-learn", "_check_refit_for_multimetric": "scikit-learn",
+    "_format_results": "scikit-learn", "_get_routed_params_for_fit": "scikit-learn",
+    "_get_scorers": "scikit-learn", "_init_callback_context": "scikit-learn", "_run_search": "scikit-learn",
+    "_scorers": "scikit-learn", "_select_best_index": "scikit-learn",
+}
+
+
+def private_uses(paths: list[Path]) -> list[str]:
+    """Where modules other than the fence use a private name of Dask's packages: an import of a
+    private module or name, an attribute of one of those modules, a known private attribute on
+    an object that is not ``self``, or any private attribute Quiver's code defines nowhere (and
+    that :data:`OTHER_PRIVATE` does not explain)."""
+    trees = {p: ast.parse(p.read_text()) for p in paths}
+    defined: set[str] = set()
+    for tree in trees.values():
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(n.name)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                defined.add(n.id)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                defined.add(n.attr)
+            elif isinstance(n, ast.arg):
+                defined.add(n.arg)
+            elif isinstance(n, ast.keyword) and n.arg:
+                defined.add(n.arg)
+    found = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for path, tree in trees.items():
+        if path.name == "_dask.py" and path.parent.name == "graph":
+            continue
+        rel = path.relative_to(ROOT)
+        aliases = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    if a.name.split(".")[0] in DASK_PACKAGES:
+                        aliases.add((a.asname or a.name).split(".")[0])
+                        if any(private(m) for m in a.name.split(".")):
+                            found.append(f"{rel}:{n.lineno}: import {a.name}")
+            elif isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in DASK_PACKAGES:
+                if any(private(m) for m in n.module.split(".")) or any(private(a.name) for a in n.names):
+                    found.append(f"{rel}:{n.lineno}: from {n.module} import ...")
+        for n in ast.walk(tree):
+            name = None
+            if isinstance(n, ast.Attribute) and private(n.attr):
+                name, base = n.attr, n.value
+                on_self = isinstance(base, ast.Name) and base.id in ("self", "cls", "MemoryPlanPlugin")
+                if isinstance(n.ctx, ast.Store) and not (isinstance(base, ast.Attribute) or isinstance(base, ast.Name)
+                                                         and base.id in aliases):
+                    continue  # Quiver's own attribute set on an object (its marks on a client, a worker)
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in aliases:
+                    found.append(f"{rel}:{n.lineno}: {base.id}...{name}")
+                elif name in DASK_PRIVATE and not on_self:
+                    found.append(f"{rel}:{n.lineno}: .{name}")
+                elif name not in defined and name not in OTHER_PRIVATE:
+                    found.append(f"{rel}:{n.lineno}: .{name} (defined nowhere in Quiver)")
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+                  and len(n.args) > 1 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)
+                  and private(n.args[1].value) and (n.args[1].value in DASK_PRIVATE or n.args[1].value not in defined)
+                  and n.args[1].value not in OTHER_PRIVATE):
+                found.append(f"{rel}:{n.lineno}: {n.func.id}(..., {n.args[1].value!r})")
+    return sorted(set(found))
+
+
+def _quiver_sources() -> list[Path]:
+    return sorted(p for pkg in ("pipelines", "graph", "gpu") for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_private_names_of_dask_only_in_the_fence():
+    """Issue 50: every use of a private name of dask, distributed, zict, bokeh or ucxx goes
+    through graph/_dask.py (each with its reason and a canary test, tests/test_dask_fence.py)."""
+    assert private_uses(_quiver_sources()) == []
+
+
+def test_the_private_name_check_sees_each_kind_of_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    src = tmp_path / "graph" / "mod.py"
+    src.parent.mkdir()
+    src.write_text("import distributed.utils\nfrom dask._task_spec import Task\n"
+                   "def f(s, fut):\n    distributed.utils._forkserver_preload_set = True\n"
+                   "    s._get_prefix_duration(1)\n    return fut._unknown_thing\n")
+    assert private_uses([src]) == [
+        "graph/mod.py:2: from dask._task_spec import ...",
+        "graph/mod.py:4: distributed..._forkserver_preload_set",
+        "graph/mod.py:5: ._get_prefix_duration",
+        "graph/mod.py:6: ._unknown_thing (defined nowhere in Quiver)",
+    ]

@@ -44,6 +44,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .._dask import (
+    executing_keys,
+    move_queued_task,
+    refuse_transfers,
+    stop_new_tasks,
+    transfers_out,
+    worker_with_hooks,
+)
 from ..config import config_flag
 
 __all__ = ["Bridge", "eligible", "enabled", "settle"]
@@ -165,10 +173,10 @@ class Bridge:
             return
         # no more tasks for it, and those queued on it and not started go to the workers now (not
         # when it leaves: a long task it is running would hold them back)
-        worker.status = Status.closing_gracefully
+        stop_new_tasks(worker)
         _hand_over_queued(scheduler, worker)
         deadline = time.monotonic() + self.timeout
-        while worker.state.executing and time.monotonic() < deadline:  # its running task ends here
+        while executing_keys(worker) and time.monotonic() < deadline:  # its running task ends here
             await asyncio.sleep(0.005)
         # ... and the scheduler knows its results are here before Dask moves what only the bridge holds
         while time.monotonic() < deadline and not _all_known(scheduler, worker):
@@ -230,7 +238,14 @@ def _worker_class() -> Any:
 
         from .heartbeats import track
 
-        class BridgeWorker(Worker):
+        def data_asked(worker: Any) -> None:
+            worker._last_request = time.monotonic()
+
+        def status_sent(worker: Any, status: str) -> None:
+            if status == "closing_gracefully":  # the scheduler's word of its retirement is in
+                worker.told_retiring().set()
+
+        class BridgeWorker(worker_with_hooks(Worker, data_asked, status_sent)):  # type: ignore[misc]
             """The bridge's worker: its heartbeat tracked (:mod:`graph.cluster.heartbeats`) and :meth:`drain` before it retires."""
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -240,19 +255,10 @@ def _worker_class() -> Any:
             _last_request = 0.0
             _told_retiring: asyncio.Event | None = None
 
-            def handle_worker_status_change(self, status: str, stimulus_id: str) -> None:
-                super().handle_worker_status_change(status, stimulus_id)
-                if status == "closing_gracefully":  # the scheduler's word of its retirement is in
-                    self.told_retiring().set()
-
             def told_retiring(self) -> asyncio.Event:
                 if self._told_retiring is None:
                     self._told_retiring = asyncio.Event()
                 return self._told_retiring
-
-            async def get_data(self, comm, keys, who=None, serializers=None):
-                self._last_request = time.monotonic()
-                return await super().get_data(comm, keys, who=who, serializers=serializers)
 
             async def drain(self, quiet: float, limit: float) -> None:
                 """Let the requests for its data end before it leaves: first it serves them until
@@ -262,9 +268,9 @@ def _worker_class() -> Any:
                 until none came for ``quiet`` s again; each phase ``limit`` s at most."""
                 for busy in (False, True):
                     if busy:
-                        self.transfer_outgoing_count_limit = 0
+                        refuse_transfers(self)
                     end = time.monotonic() + limit
-                    while time.monotonic() < end and (self.transfer_outgoing_count
+                    while time.monotonic() < end and (transfers_out(self)
                                                       or time.monotonic() - self._last_request < quiet):
                         await asyncio.sleep(0.01)
 
@@ -283,10 +289,10 @@ def _hand_over_queued(scheduler: Any, worker: Any) -> None:
                      key=lambda w: w.occupancy)
     if stealing is None or ws is None or not thieves:
         return
-    started = {ts.key for ts in worker.state.executing}
+    started = executing_keys(worker)
     queued = [ts for ts in ws.processing if ts.key not in started]
     for i, ts in enumerate(queued):
-        stealing.move_task_request(ts, ws, thieves[i % len(thieves)])
+        move_queued_task(stealing, ts, ws, thieves[i % len(thieves)])
 
 
 def _all_known(scheduler: Any, worker: Any) -> bool:

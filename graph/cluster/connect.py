@@ -15,10 +15,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client, LocalCluster
+
+from ..bounded import answered
 from gpu.clusters import default_workers
 
 __all__ = ["connect", "workers_skip_main"]
 
+
+#: how long started workers may take to register with the scheduler before the start counts as failed
+REGISTER_SECONDS = 60.0
 
 _skip_main_lock = threading.Lock()
 _skip_main_holders = 0
@@ -244,10 +249,10 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
         from ..report.logdigest import ErrorDigestPlugin
 
-        c.register_plugin(ErrorDigestPlugin())  # one log line per kind of task error, with a count
+        answered(c.register_plugin, ErrorDigestPlugin(), what="registering the error digest")  # one log line per kind of task error, with a count
         from .heartbeats import QuietClosePlugin
 
-        c.register_plugin(QuietClosePlugin())  # no heartbeat races a worker's close (its traceback)
+        answered(c.register_plugin, QuietClosePlugin(), what="registering the quiet-close plugin")  # no heartbeat races a worker's close (its traceback)
     except BaseException:  # re-raised: a cluster whose set-up failed is closed first
         c.close()
         _close_started(cluster)
@@ -313,7 +318,7 @@ def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | N
             cluster = made[0]
             if cluster.workers:  # a failed start with forks: its workers go before a spawned start
                 cluster.scale(0)
-                cluster.sync(cluster._correct_state)
+                cluster.sync(_settled, cluster)
             cluster.scale(kwargs["n_workers"])
             cluster.sync(_workers_in, cluster, kwargs["n_workers"])
             return cluster
@@ -326,14 +331,26 @@ def _started(kwargs: dict, memory_budget: Any, preload: Any = (), info: dict | N
     return cluster
 
 
+async def _settled(cluster: Any) -> None:
+    """Return once ``cluster``'s workers match its spec (``SpecCluster.__await__``: Dask starts or
+    closes them, and raises what a start raised)."""
+    await cluster
+
+
 async def _workers_in(cluster: Any, n: int) -> None:
     """Wait until ``cluster``'s own ``n`` workers (its spec's) have started and registered."""
     import asyncio
 
     from .bridge import NAME
 
-    await cluster._correct_state()
+    import time
+
+    await cluster  # Dask's own: the cluster's workers match its spec (started, or an error raised)
+    deadline = time.monotonic() + REGISTER_SECONDS
     while sum(ws.name != NAME for ws in cluster.scheduler.workers.values()) < n:
+        if time.monotonic() > deadline:  # a worker started but never registered: not waited for ever
+            raise TimeoutError(f"{n} workers started but did not register with the scheduler within "
+                               f"{REGISTER_SECONDS:.0f} s")
         await asyncio.sleep(0.005)
 
 

@@ -154,7 +154,7 @@ def warm_workers(client: Any, modules: list[str], timeout: float = 60.0) -> None
     if done is not None and set(modules) <= done[2]:
         return  # the same workers imported these for an earlier run (a kept cluster's next run)
     try:
-        client.sync(client._run, _import_all, list(modules), on_error="ignore", callback_timeout=timeout)
+        client.run(_import_all, list(modules), on_error="ignore", callback_timeout=timeout)
     except Exception as exc:  # recorded and dropped: the warm-up is an optimisation, the run goes on
         logger.warning("warming the workers up did not finish (%s: %s); the run goes on", type(exc).__name__, exc)
         return

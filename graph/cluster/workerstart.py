@@ -122,12 +122,12 @@ def start_workers(make: Callable[[str], T], environ: Mapping[str, str | None], m
     with _lock:
         method = start_method(environ, _server_environ, available, _configured(), budgeted)
         if method == "forkserver" and _server_environ is None:
-            import distributed.utils
+            from .._dask import forkserver_preload_ours
 
             names = [m for m in modules if m in sys.modules]
             files = {m: getattr(sys.modules[m], "__file__", None) for m in names}
             # Dask's own preload list would import pandas into this process: ours replaces it
-            distributed.utils._forkserver_preload_set = True
+            forkserver_preload_ours()
             # one module that imports the rest each on its own (graph.cluster.forkserver_preload): a bare
             # list would let one module's error kill the server, and Dask's nanny wait for ever
             multiprocessing.get_context("forkserver").set_forkserver_preload(["graph.cluster.forkserver_preload"])

@@ -243,14 +243,15 @@ def collection_tasks(value: Any, layers: dict | None = None) -> dict:
     ``dask.dataframe`` expression's graph is made of, as ``__dask_graph__`` builds it
     (``lower_completely`` then one ``_layer()`` per expression): branches share their
     upstream expressions, so each layer is built once per compile instead of once per step."""
-    from dask._task_spec import convert_legacy_graph
     from dask.base import unpack_collections
+
+    from .._dask import convert_legacy_graph, has_expression_layers
 
     colls, _ = unpack_collections(value)
     dsk: dict = {}
     for c in colls:
         expr = getattr(c, "expr", None)
-        if layers is not None and hasattr(expr, "lower_completely") and hasattr(expr, "_layer"):
+        if layers is not None and has_expression_layers(expr):
             dsk.update(_expr_graph(expr.lower_completely(), layers))
         else:
             dsk.update(dict(c.__dask_graph__()))
@@ -261,16 +262,19 @@ def collection_tasks(value: Any, layers: dict | None = None) -> dict:
 def _expr_graph(expr: Any, layers: dict) -> dict:
     """``expr.__dask_graph__()`` (dask's ``Expr.__dask_graph__``: each expression's
     ``_layer()``, merged), with the layers of expressions already seen taken from ``layers``."""
+    from .._dask import expression_layer
+
     out: dict = {}
     stack, seen = [expr], set()
     while stack:
         e = stack.pop()
-        if e._name in seen:
+        name, build = expression_layer(e)
+        if name in seen:
             continue
-        seen.add(e._name)
-        layer = layers.get(e._name)
+        seen.add(name)
+        layer = layers.get(name)
         if layer is None:
-            layer = layers[e._name] = e._layer()
+            layer = layers[name] = build()
         out.update(layer)
         stack.extend(e.dependencies())
     return out
@@ -282,7 +286,7 @@ def _rekey(key: Any, node: Any) -> Any:
     fusing and recompute copies go by the node's own key, so the two must agree."""
     if getattr(node, "key", key) == key:
         return node
-    from dask._task_spec import Alias
+    from dask.task_spec import Alias
 
     if isinstance(node, Alias):
         return Alias(key, target=node.target)
@@ -387,7 +391,7 @@ def _summarise(kind: str, infos: Sequence[tuple[int, int | None]]) -> Partitione
 
 
 def _nested_refs(keys: Any) -> Any:
-    from dask._task_spec import List, TaskRef
+    from dask.task_spec import List, TaskRef
 
     if isinstance(keys, list):
         return List(*[_nested_refs(k) for k in keys])
@@ -421,7 +425,7 @@ def _computed(repack: Callable, pieces: list) -> Any:
 def value_tasks(key: str, value: Any) -> dict:
     """The value task of a collection branch under ``key`` (and one ``part_info`` task per
     partition of each partitioned collection in ``value``)."""
-    from dask._task_spec import List, Task, TaskRef
+    from dask.task_spec import List, Task, TaskRef
     from dask.base import tokenize, unpack_collections
 
     colls, repack = unpack_collections(value)
@@ -451,7 +455,7 @@ def computed_key(key: str) -> str:
 
 def computed_task(key: str, value: Any) -> dict:
     """The task computing the whole of ``value`` (under :func:`computed_key`)."""
-    from dask._task_spec import List, Task
+    from dask.task_spec import List, Task
     from dask.base import unpack_collections
 
     colls, repack = unpack_collections(value)
@@ -694,7 +698,7 @@ class CollectionSteps:
         Rewrites the lineages; returns the new ``branches``."""
         import dataclasses
 
-        from dask._task_spec import Task
+        from dask.task_spec import Task
 
         coll = {k for tasks in self.tasks.values() for k, _ in tasks}
         dependents: dict = {}

@@ -41,7 +41,6 @@ _lock = threading.Lock()
 _open = 0  # contexts open (nested compiles and threads share one memo)
 _memo: dict[int, tuple[Any, Any]] = {}  # id(function) -> (the function, its normalised token)
 _normalise: Callable[[Any], Any] | None = None  # Dask's normaliser for functions, wrapped by _memoized
-_own: Any = None  # Dask's dispatch table's entry for FunctionType before (None: none), restored as found
 
 
 def _memoized(fn: Any) -> Any:
@@ -60,15 +59,17 @@ def _memoized(fn: Any) -> Any:
 
 @contextmanager
 def function_tokens_once() -> Iterator[None]:
-    """While open, each plain function's token is computed once (see the module docstring)."""
-    global _open, _normalise, _own
-    lookup = normalize_token._lookup
+    """While open, each plain function's token is computed once (see the module docstring).
+
+    Dask's public ``normalize_token.register`` puts the memo in front for ``FunctionType`` and,
+    at the close, gives the type back the normaliser Dask's dispatch found for it (what its
+    dispatch caches for the type itself after its first function)."""
+    global _open, _normalise
     with _lock:
         if _open == 0:
             _memo.clear()  # a token another thread stored as the last compile closed is not reused
-            _own = lookup.get(types.FunctionType)
             _normalise = normalize_token.dispatch(types.FunctionType)  # Dask's (or a user's) normaliser
-            lookup[types.FunctionType] = _memoized
+            normalize_token.register(types.FunctionType, _memoized)
         _open += 1
     try:
         yield
@@ -76,9 +77,6 @@ def function_tokens_once() -> Iterator[None]:
         with _lock:
             _open -= 1
             if _open == 0:
-                if _own is None:
-                    lookup.pop(types.FunctionType, None)
-                else:
-                    lookup[types.FunctionType] = _own
+                normalize_token.register(types.FunctionType, _normalise)
                 _memo.clear()
-                _normalise = _own = None
+                _normalise = None

@@ -48,6 +48,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .._dask import bokeh_prefix
+from ..bounded import answered
 from ..memory.timeline import SAMPLE_SECONDS, MemoryTimeline, predicted_worker_peak
 from ..spec import PruneSpec
 from ..state.ranking import best as best_index
@@ -504,7 +506,7 @@ def ensure_dashboard(client) -> bool:
     Returns whether the plugin is present afterwards; never raises (the pages are a view).
     """
     try:
-        client.register_plugin(QuiverDashboard())
+        answered(client.register_plugin, QuiverDashboard(), what="registering the dashboard's plugin")
         return True
     except Exception as exc:  # recorded: the pages are a view, a run goes on without them
         logger.info("quiver: dashboard plugin not registered: %s", exc)
@@ -542,7 +544,7 @@ def install_pages(scheduler) -> bool:
     from tornado.ioloop import IOLoop
 
     bokeh_apps = [a for a in app.applications if hasattr(a, "app_paths")]
-    prefix = getattr(bokeh_apps[0], "_prefix", "") if bokeh_apps else ""
+    prefix = bokeh_prefix(bokeh_apps[0]) if bokeh_apps else ""
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
     handler = _json_handler()
     app.add_application(web.Application([(prefix + JSON_PATH, handler, {"dask_server": scheduler})]))

@@ -49,5 +49,7 @@ def drop_finished_spec(tasks: Mapping[Any, Any], key: Any, start: str, finish: s
     ts = tasks.get(key)
     if ts is None or getattr(ts, "run_spec", None) is None:
         return False
-    ts.run_spec = None
+    from .._dask import forget_run_spec
+
+    forget_run_spec(ts)
     return True

@@ -37,6 +37,7 @@ import zict
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.spill import SpillBuffer
 
+from .._dask import lru_evict_unlocked, lru_pinned, turn_lru
 from ..keys import original_key
 
 __all__ = [
@@ -83,7 +84,8 @@ class NextUses:
 def evictable(fast: Any) -> list:
     """The keys a worker's in-memory results may be evicted from, least recently used first
     (those a ``zict.LRU`` is not told to keep)."""
-    return [k for k in fast.order if k not in getattr(fast, "_cancel_evict", ())]
+    pinned = lru_pinned(fast)
+    return [k for k in fast.order if k not in pinned]
 
 
 def planned_rank(fast: Any, plan: NextUses) -> Any:
@@ -105,14 +107,11 @@ class PlannedLRU(zict.LRU):
             if candidates:
                 key = max(candidates, key=planned_rank(self, plan))
         # the undecorated LRU.evict: one lock level, which zict releases while writing to disk
-        return zict.LRU.evict.__wrapped__(self, key)
+        return lru_evict_unlocked(self, key)
 
 
 def _plan_fast(buffer: SpillBuffer) -> PlannedLRU:
-    fast = buffer.fast
-    if not isinstance(fast, PlannedLRU):
-        fast.__class__ = PlannedLRU  # same object, same state; only ``evict`` differs
-    return fast  # type: ignore[return-value]
+    return turn_lru(buffer.fast, PlannedLRU)  # same object, same state; only ``evict`` differs
 
 
 class PlannedSpillBuffer(SpillBuffer):

@@ -183,11 +183,10 @@ def _evict(data: Any, key: Any) -> int:
     handling of a full disk or an unpicklable value), but this key; bytes freed, -1 if it failed."""
     from distributed.spill import HandledError
 
-    capture, handle = getattr(data, "_capture_metrics", None), getattr(data, "_handle_errors", None)
+    from .._dask import spill_accounting
+
     try:
-        if capture is None or handle is None:  # not Dask's SpillBuffer: no counters to keep
-            return int(data.fast.evict(key)[2] or 0)
-        with capture(), handle(None):
+        with spill_accounting(data):  # Dask's spill counters kept (none when not Dask's SpillBuffer)
             return int(data.fast.evict(key)[2] or 0)
     except HandledError:  # logged by Dask (disk full, max_spill reached, a value that cannot be pickled)
         return -1

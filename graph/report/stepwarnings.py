@@ -42,6 +42,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from ..bounded import answered
 from ..keys import step_name
 
 __all__ = ["TOPIC", "Collector", "StepWarnings", "category_of", "replay", "shown", "watch", "where"]
@@ -93,7 +94,15 @@ class StepWarnings(WorkerPlugin):
                 original(message, category, filename, lineno, file, line)
 
         showwarning._quiver = True  # type: ignore[attr-defined]
+        showwarning._quiver_original = original  # type: ignore[attr-defined]
         warnings.showwarning = showwarning
+
+    def teardown(self, worker: Any) -> None:
+        """Python's ``showwarning`` as the worker had it, when the plugin goes (the worker closes,
+        or the plugin is unregistered)."""
+        ours = warnings.showwarning
+        if getattr(ours, "_quiver", False):
+            warnings.showwarning = ours._quiver_original  # type: ignore[attr-defined]
 
 
 def _current_key() -> str | None:
@@ -192,7 +201,7 @@ def watch(client: Any) -> Iterator[Collector]:
     collector = Collector()
     try:
         if not getattr(client, "_quiver_step_warnings", False):
-            client.register_plugin(StepWarnings(), name=PLUGIN_NAME)
+            answered(client.register_plugin, StepWarnings(), name=PLUGIN_NAME, what="registering the step-warnings plugin")
             client._quiver_step_warnings = True
         client.subscribe_topic(TOPIC, collector)
     except Exception as exc:  # recorded: the run goes on, its warnings print on the workers as before

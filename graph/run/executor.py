@@ -29,6 +29,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client, Future
 
+from .._dask import future_status_change
 from ..bounded import CLEANUP_SECONDS, Interrupted, NoAnswer, in_thread, wait, within
 from ..compiling.compiler import CompiledPipeline, reads_for_run
 from ..compiling.transform import prepare
@@ -143,7 +144,7 @@ async def _when_done(fut: Future, inbox: _Inbox, waiting: tuple[str, ...]) -> No
     watch again after ``TaskLost`` also while ``lost`` (Dask keeps a lost future ``lost``
     until it is in memory again)."""
     while fut.status in waiting:
-        await fut._state.wait()
+        await future_status_change(fut)
     inbox.add(_Outcome(fut.key, fut.status))
 
 

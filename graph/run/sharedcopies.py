@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._dask import acquire_replicas
 from ..bounded import within
 from ..state.machine import runs_iterative
 from . import runplugins
@@ -129,7 +130,7 @@ class CopyShared(RunPlugin):
         asked = []
         for addr in targets:
             try:  # straight onto the worker's stream: ahead of the readers' compute-task messages
-                s.request_acquire_replicas(addr, [key], stimulus_id=stimulus)
+                acquire_replicas(s, addr, [key], stimulus)
             except Exception as exc:  # recorded: a worker leaving meanwhile; the copy was only a head start
                 logger.debug("quiver: no copy of %s on %s: %s", key, addr, exc)
                 continue

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._dask import prefix_duration
 from ..config import config_flag
 from . import runplugins
 from .runplugins import RunPlugin
@@ -161,7 +162,7 @@ class SpreadReady(RunPlugin):
             return
         by_key = {d.key: d for d in ready}
         work = {addr: (ws.occupancy, ws.nthreads) for addr, ws in running.items()}
-        tasks = [(d.key, {w.address for dep in d.dependencies for w in dep.who_has}, s._get_prefix_duration(d.prefix))
+        tasks = [(d.key, {w.address for dep in d.dependencies for w in dep.who_has}, prefix_duration(s, d.prefix))
                  for d in ready]
 
         def move_cost(task: str, worker: str) -> float:  # Dask's own estimate (bytes over its bandwidth)

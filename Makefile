@@ -3,6 +3,8 @@
 #                exploration on an embedded LocalCluster
 #   make test    set everything up, run the test suite
 #   make test-fast  the tests not marked slow (a few minutes)
+#   make test-newest  the fast tier again on the newest dask/distributed pyproject.toml admits (its own
+#                     venv, .venv-newest): the other end of the supported range (CI runs both)
 #   make docs    build the documentation site (Sphinx, warnings as errors) into docs/_build/html
 #   make bench   set everything up, run the benchmarks (tables printed, JSON in benchmarks/results/)
 #   make gpu-wheels   fetch the wheels benchmarks/gpu_check.sh carries to the GPU machine into .whl/
@@ -11,7 +13,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test test-fast docs bench gpu-wheels clean
+.PHONY: setup demo test test-fast test-newest docs bench gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +45,21 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
+# The newest end of pyproject.toml's dask/distributed range (the full suite runs on the oldest,
+# 2026.7.1, which the ucx and gpu extras pin). No ucx extra here: distributed-ucxx pins the oldest.
+NEWEST_DASK ?= 2026.8.0
+NEWEST := .venv-newest
+$(NEWEST)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST)/bin/python -m pip install --quiet torch==2.13.0
+	$(NEWEST)/bin/python -m pip install --quiet ".[test,examples,bench,docs]" "dask==$(NEWEST_DASK)" "distributed==$(NEWEST_DASK)"
+	touch $@
+
+test-newest: $(NEWEST)/.installed
+	cd $(NEWEST) && ./bin/python -c "import dask, distributed; print('dask', dask.__version__, 'distributed', distributed.__version__)"
+	$(NEWEST)/bin/python -m pytest -m "not slow" -p no:cacheprovider
+
 docs: setup
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "docs/_build/html/index.html"
@@ -62,4 +79,4 @@ gpu-wheels:
 	PYTHON=$(PYTHON) bash benchmarks/gpu_wheels.sh
 
 clean:
-	rm -rf $(VENV) dask-worker-space dask-scratch-space docs/_build docs/generated docs/gallery
+	rm -rf $(VENV) $(NEWEST) dask-worker-space dask-scratch-space docs/_build docs/generated docs/gallery

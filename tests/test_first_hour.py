@@ -175,3 +175,35 @@ def test_tight_memory_budget_ends_with_a_clear_error_instead_of_pausing_forever(
     else:
         assert "each worker gets 250.00 MiB" in last and "an idle worker already uses about" in last
     assert "raise memory_budget or use fewer workers" in last.lower()
+
+
+GUARDED_POOL = textwrap.dedent(
+    """
+    import multiprocessing as mp
+    from pipelines import Pipeline, grid
+
+    def square(x):
+        return x * x
+
+    def score(x, k):
+        return {"acc": k / 10}
+
+    if __name__ == "__main__":
+        p = Pipeline("guarded")
+        r = p.source(lambda: 1).explore("m", grid(score, k=[1, 2])).choose("acc").run(workers=1, quiet=True, progress=False)
+        # the script's own spawned process, while the kept cluster lives: it re-runs __main__ (guarded) to find square
+        with mp.get_context("spawn").Pool(1) as pool:
+            print("POOL", pool.map(square, [3])[0])
+        print("RESULT", r.value["acc"])
+    """
+)
+
+
+def test_a_guarded_scripts_own_spawned_processes_are_left_as_python_makes_them(tmp_path):
+    """Issue 50: only an unguarded script gets the workers' skip of ``__main__`` (process-wide);
+    a guarded one's own ``spawn`` children re-run ``__main__`` as Python does, and find its functions."""
+    f = tmp_path / "guarded.py"
+    f.write_text(GUARDED_POOL)
+    out = subprocess.run([sys.executable, str(f)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["POOL", "9", "RESULT", "0.2"]

@@ -19,7 +19,7 @@ from distributed import Client, LocalCluster
 from ..bounded import answered
 from gpu.clusters import default_workers
 
-__all__ = ["connect", "workers_skip_main"]
+__all__ = ["connect", "unguarded_main_call", "workers_skip_main"]
 
 
 #: how long started workers may take to register with the scheduler before the start counts as failed
@@ -59,10 +59,66 @@ def _drop_skip_main() -> None:
             spawn.get_preparation_data = _original_preparation
 
 
+def unguarded_main_call() -> tuple[str, int] | None:
+    """``(file, line)`` of the statement of the main script that led here when it is not under an
+    ``if __name__ == "__main__":`` guard; ``None`` otherwise (a notebook, ``python -c``, a guarded
+    call, the ``quiver`` CLI's own main).
+
+    >>> unguarded_main_call() is None   # a doctest's __main__ is not a script
+    True
+    """
+    import ast
+    import inspect
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py") or not os.path.exists(path):
+        return None
+    frame = inspect.currentframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>"
+                                     and frame.f_globals.get("__name__") == "__main__"):
+        frame = frame.f_back
+    if frame is None or not os.path.exists(frame.f_code.co_filename) \
+            or not os.path.samefile(frame.f_code.co_filename, path):
+        return None
+    line = frame.f_lineno
+    try:
+        stamp = (str(path), line, os.stat(path).st_mtime_ns)
+        if stamp not in _guarded:
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            _guarded.clear()
+            _guarded[stamp] = any(stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and _is_main_guard(stmt)
+                                  for stmt in tree.body)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return None if _guarded[stamp] else (str(path), line)
+
+
+#: (main script, line, its mtime) -> whether the line is under a main guard (one entry: the last asked)
+_guarded: dict[tuple, bool] = {}
+
+
+def _is_main_guard(stmt: Any) -> bool:
+    import ast
+
+    if not isinstance(stmt, ast.If):
+        return False
+    test = stmt.test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
 @contextlib.contextmanager
-def workers_skip_main() -> Iterator[None]:
+def workers_skip_main(unguarded: bool | None = None) -> Iterator[None]:
     """While open, processes started with multiprocessing's ``spawn`` (how Dask's nannies start
-    workers) do not re-run the parent's main script.
+    workers) do not re-run the parent's main script, when that script is unguarded
+    (``unguarded``; ``None``: :func:`unguarded_main_call` tells). A guarded script, a notebook
+    and the ``quiver`` CLI leave multiprocessing as it is (issue 50: the patch is process-wide, and
+    a guarded script's own spawned processes need their re-run of ``__main__``).
 
     ``spawn`` normally re-imports the main script in every child (as ``__mp_main__``), so a
     script that calls ``.run()`` at module level without an ``if __name__ == "__main__":``
@@ -75,10 +131,15 @@ def workers_skip_main() -> Iterator[None]:
     it may open and close it in any order.
 
     >>> import multiprocessing.spawn as spawn
-    >>> with workers_skip_main():
+    >>> with workers_skip_main(unguarded=True):
     ...     "init_main_from_path" in spawn.get_preparation_data("probe")
     False
     """
+    if unguarded is None:
+        unguarded = unguarded_main_call() is not None
+    if not unguarded:  # a guarded script, a notebook, the CLI: multiprocessing as it is
+        yield
+        return
     _hold_skip_main()
     try:
         yield
@@ -186,7 +247,7 @@ def connect(
         spec = (kwargs["n_workers"], threads_per_worker, memory_limit, dashboard_address,
                 tuple(sorted(embedded_environ(None).items())), tuple(sorted(embedded_config().items())))
         cluster, c, reused, keep = embedded.acquire(spec, start)
-        if keep and not reused:  # a kept cluster's nannies may restart a worker between runs too
+        if keep and not reused and unguarded_main_call() is not None:  # a kept cluster's nannies may restart a worker between runs too
             _hold_skip_main()
             embedded.on_close(c, _drop_skip_main)
     info["cluster"] = "reused" if reused else "started"

@@ -498,7 +498,9 @@ _CURVES = [
 
 
 MAX_LEGEND = 16  # report curves; with more, the legend would hide the plot: hover names each line
-LEGEND_CHARS = 40  # a legend entry's longest text (the hover and the table above show it whole)
+REPORTS_PX = 300  # the reports figure's plot height (its legend adds to it)
+PANEL_PX = 260  # a training panel's plot height
+LEGEND_CHARS = 90  # a legend entry's longest text (the table above shows it whole)
 
 #: the panels' titles for a plain loop (``gpu.Loop``, ``algorithm`` "loop..."): one model, no central z
 _LOOP_TITLES = {
@@ -511,12 +513,25 @@ _GANG_ONLY = ("spread", "replicas")
 
 
 def legend_outside(fig: Any) -> None:
-    """Move ``fig``'s legend to the right of the plot, so it never covers a curve."""
+    """Move ``fig``'s legend below the plot (the plot's whole width for a branch's label), so
+    it never covers a curve."""
     for legend in list(fig.legend):
         if legend in fig.center:
             fig.center.remove(legend)
         legend.location = "top_left"
-        fig.add_layout(legend, "right")
+        legend.spacing = 0
+        legend.padding = 4
+        fig.add_layout(legend, "below")
+    fig.xaxis.ticker.min_interval = 1  # epochs and iterations are whole: no tick at 1.5
+
+
+#: pixels a legend row takes under a plot (9 px text); a figure grows by this much per entry
+LEGEND_ROW_PX = 17
+
+
+def fit_legend(fig: Any, base: int, entries: int) -> None:
+    """Give ``fig`` its plot's ``base`` height plus its legend's rows (the legend sits below)."""
+    fig.height = base + 30 + LEGEND_ROW_PX * entries if entries else base
 
 
 def gang_training(views: list[dict]) -> bool:
@@ -587,7 +602,7 @@ class TrainingPage(_RunPage):
             "marks": ColumnDataSource({"x": [], "y": [], "label": []}),
             "rungs": ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []}),
         }
-        reports = figure(height=300, sizing_mode="stretch_width", title="Reports per iteration",
+        reports = figure(height=REPORTS_PX, sizing_mode="stretch_width", title="Reports per iteration",
                          tools="pan,wheel_zoom,reset,save", toolbar_location="above")
         reports.segment("x0", "y0", "x1", "y1", source=self.report_sources["rungs"], line_color="#636363",
                         line_dash="dotted", line_width=1)
@@ -609,7 +624,7 @@ class TrainingPage(_RunPage):
         self.panels: dict[str, Any] = {}  # field -> its figure, shown only when the run has data for it
         figs = []
         for field, title, ylabel in _CURVES:
-            fig = figure(height=260, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
+            fig = figure(height=PANEL_PX, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
                          tooltips=[("branch", "@label"), ("epoch", "$x{0}"), (ylabel, "$y{0.0000}")])
             src = self.sources[field] = ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []})
             pts = self.points[field] = ColumnDataSource({"x": [], "y": [], "color": [], "label": []})
@@ -650,6 +665,7 @@ class TrainingPage(_RunPage):
             return ""
         n = len(curves["branches"])
         self.reports.legend.visible = n <= MAX_LEGEND  # beyond, hover a line for its configuration
+        fit_legend(self.reports, REPORTS_PX, n if n <= MAX_LEGEND else 0)
         pruned = len(drawn["marks"]["x"])
         rungs = ", ".join(str(r) for r in curves["rungs"])
         self.reports.title.text = (
@@ -727,6 +743,8 @@ class TrainingPage(_RunPage):
             self.panels[field].title.text = title if gang else _LOOP_TITLES.get(field, title)
         for k, fig in self.panels.items():
             fig.visible = k in shown
+            if k != "tuning":
+                fit_legend(fig, PANEL_PX, len(set(lines[k]["label"])))
         title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
         raw = plugin.runs.get(run["run"]) if run is not None else None
         reported = self.show_reports(plugin.curves_view(raw) if raw is not None else None)

@@ -60,15 +60,23 @@ def _number(value: Any) -> Any:
 
 def plain_value(value: Any) -> Any:
     """``value`` itself when it is plain data a table or JSON shows as it is (``None``, a bool,
-    a number, a string), else its :func:`value_text`.
+    a number, a string; a list, tuple or dict of those), else its :func:`value_text`.
 
     >>> import functools
-    >>> plain_value(3), plain_value(None), plain_value(functools.partial(max, 1))
-    (3, None, 'max(1)')
+    >>> plain_value(3), plain_value(None), plain_value(functools.partial(max, 1)), plain_value(("a", [1, max]))
+    (3, None, 'max(1)', ('a', [1, 'max']))
     """
+    return _plain(value, 0)
+
+
+def _plain(value: Any, depth: int) -> Any:
     value = _number(value)
     if value is None or isinstance(value, (bool, str, numbers.Number)):
         return value
+    if depth < 4 and type(value) in (list, tuple):  # a container of plain values stays one
+        return type(value)(_plain(v, depth + 1) for v in value)
+    if depth < 4 and type(value) is dict:
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
     return value_text(value)
 
 

@@ -299,10 +299,13 @@ class Node:
         """Run the exploration and return a :class:`pipelines.Result`.
 
         ``client``: a ``distributed.Client``, a scheduler address, or ``None`` for an
-        embedded ``LocalCluster`` (closed afterwards).  Options: ``workers``,
+        embedded ``LocalCluster``, kept after the run for this process's next run of the
+        same shape (``graph.cluster.embedded``: closed after an idle timeout, 300 s by
+        default, when a run asks for another shape, after a failed run, at exit, or by
+        ``graph.close_kept()``).  Options: ``workers``,
         ``threads_per_worker``, ``memory_limit`` (embedded cluster only),
         ``progress`` (``True``/``False``; default: only on a terminal), ``quiet``
-        (no dashboard line), ``raise_if_all_failed`` (default ``True``),
+        (no dashboard line, and no closing line on start-up's share of a short run), ``raise_if_all_failed`` (default ``True``),
         ``memory_budget`` (total bytes for all workers, e.g. ``"2 GiB"``: the run follows
         a memory plan, see ``graph.plan_memory``; on an embedded cluster it also sets
         the workers' memory limits), ``sample_sizes`` (measure the first branch before

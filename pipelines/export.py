@@ -5,8 +5,13 @@
   becomes its ``str``.
 * Every row carries ``branch`` (its row number in ``result.table``).
 * Parameters: a row has a ``"<explore>.<param>"`` entry only for the parameters of the
-  alternative it took, with the value the step received (``max_depth=None`` is ``null``);
-  a parameter that does not apply to the branch is absent, never ``null``.
+  alternative it took, with the value the step received (``max_depth=None`` is ``null``; an
+  integer stays an integer); a parameter that does not apply to the branch is absent, never
+  ``null``. A value without a JSON form (a callable, a ``functools.partial``, a ``gpu.Loop``)
+  is its short text (:func:`graph.labels.value_text`: ``make_net(64)``), never a ``repr`` with
+  a memory address.
+* ``label``: the branch's choices that differ from the other branches' (``width=64 lr=0.01``,
+  the table's ``label`` column, :func:`graph.labels.branch_labels`).
 * A run with iterative steps (docs/architecture.md §7): each row has ``iterations`` (a table
   column) and ``history``, the list of its reports (``Result.history``).
 * Failed runs too: ``{"error": message, "table": [...every branch, with its error...], ...}``.
@@ -63,14 +68,14 @@ def branch_params(compiled: Any) -> list[dict[str, Any]] | None:
     """Per branch, the parameters of the alternatives it took: ``{"<explore>.<param>": value}``."""
     if compiled is None:
         return None
-    from graph.spec import fn_name
+    from graph.labels import plain_value
 
     out = []
     for b in compiled.branches:
         row = {}
         for name, _label, params in b.choice_items:
             for p, v in params:
-                row[f"{name}.{p}"] = fn_name(v) if callable(v) else v
+                row[f"{name}.{p}"] = plain_value(v)
         out.append(row)
     return out
 

@@ -48,7 +48,8 @@ from graph.state.status import COLORS, final_status  # the one owner of status c
 
 __all__ = ["write_report", "choose_metric", "memory_series"]
 
-_TAIL = ("status", "seconds", "chosen", "error", "failed_step", "traceback")
+_TAIL = ("label", "iterations", "pruned_at", "retries", "status", "seconds", "chosen", "error", "error_kind",
+         "failed_step", "traceback")
 
 
 def _explores(result) -> list[str]:
@@ -82,13 +83,19 @@ def choose_metric(result) -> str | None:
     return None
 
 
-def _alternative_label(row, name: str, columns) -> str:
-    params = [c for c in columns if c.startswith(name + ".")]
-    def show(v):  # a parameter column with gaps turns ints into floats in pandas: show 10, not 10.0
-        return int(v) if isinstance(v, float) and v.is_integer() else v
+def _not_applicable(v) -> bool:
+    """A parameter cell of a branch that did not take its alternative (``pd.NA``, or ``NaN``
+    in a table built before parameter columns kept their types); ``None`` is the user's."""
+    return type(v).__name__ == "NAType" or (isinstance(v, float) and v != v)
 
-    inner = ", ".join(f"{c.split('.', 1)[1]}={show(row[c])}" for c in params if row[c] is not None and row[c] == row[c])
-    return f"{row[name]}({inner})" if inner else str(row[name])
+
+def _alternative_label(row, name: str, columns) -> str:
+    """``fit(C=1, max_depth=None)``: the alternative ``row`` took at explore ``name`` and its
+    parameters (the rule of :func:`graph.labels.choice_text`)."""
+    from graph.labels import choice_text
+
+    params = [(c.split(".", 1)[1], row[c]) for c in columns if c.startswith(name + ".")]
+    return choice_text(str(row[name]), [(p, v) for p, v in params if not _not_applicable(v)])
 
 
 def _png(fig) -> bytes:

@@ -129,6 +129,14 @@ def run_node(
     _packing_stats(record.stats, compiled, takeovers)
     record.stats["step_warnings"] = step_warnings  # distinct warnings the steps raised (shown once each)
     restore_table(record.table, compiled)  # the user's file names in tracebacks, not "<dynamic-code>"
+    if not quiet:  # a short run that was mostly start-up says so (graph/report/breakdown.py)
+        import sys
+
+        from graph.report.breakdown import startup_note
+
+        note = startup_note(record.stats)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     return Result(
         table=record.table,
         value=(record.values[0] if record.values else None) if record.single else record.values,

@@ -431,12 +431,23 @@ def test_the_training_page_names_each_curves_configuration_and_shows_only_panels
     page = TrainingPage(scheduler=SimpleNamespace(plugins={PLUGIN_NAME: plugin}))
     page.update(force=True)
     labels = page.report_sources["lines"].data["label"]
-    assert labels == ["#0 fit(lr=0.1) (running)", "#1 fit(lr=0.01) (pruned)"]
+    assert labels == ["#0 lr=0.1 (running)", "#1 lr=0.01 (pruned)"]  # what differs (graph.labels), not fit(...)
     assert page.reports.visible and page.reports.legend.visible
+    assert page.reports.legend[0] in page.reports.below  # under the plot: it never covers a curve
     assert not any(fig.visible for fig in page.panels.values())  # no gpu.train: no empty panels
     plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "k0", "epoch": 1, "accuracy": 0.9, "samples_per_s": 100.0})
     page.update(force=True)
     assert {k for k, fig in page.panels.items() if fig.visible} == {"accuracy", "samples_per_s"}
+    # a plain gpu.Loop: no model averaging, so no "of z" titles and no replica panels
+    plugin.log_event(TRAINING_TOPIC, {"kind": "start", "task": "k1", "algorithm": "loop", "epochs": 2})
+    plugin.log_event(TRAINING_TOPIC, {"kind": "epoch", "task": "k1", "epoch": 1, "accuracy": 0.8, "test_loss": 0.5,
+                                      "replicas": 1, "samples_per_s": 90.0})
+    page.update(force=True)
+    assert page.panels["accuracy"].title.text == "Accuracy (test split)" and not page.panels["replicas"].visible
+    assert "of z" not in page.header.text and "#1 lr=0.01" in page.header.text
+    plugin.log_event(TRAINING_TOPIC, {"kind": "start", "task": "k0", "algorithm": "sma", "epochs": 2})
+    page.update(force=True)
+    assert page.panels["accuracy"].title.text == "Accuracy of z (test split)"  # gpu.train's model averaging
 
 
 @pytest.mark.parametrize("n, explores", [(112, (2, 4, 14)), (112, (112,)), (2000, (4, 10, 50)), (2000, (2000,))])

@@ -257,3 +257,48 @@ def test_training_page_draws_report_curves_rungs_and_pruned_ends(client, browser
     drawn = browser.execute_script(REPORTS)  # the figure draws on a canvas: ask BokehJS what it holds
     assert drawn["title"].startswith("Reports: score (max) per iteration")
     assert drawn["lines"] == 6 and drawn["marks"] == pruned and drawn["rungs"] == [1, 3, 9]
+
+
+LEGENDS = """
+const D = window.Bokeh && Bokeh.documents[0];
+const out = {titles: [], labels: [], outside: 0, inside: 0};
+const legend = (r) => r && r.click_policy !== undefined && r.items !== undefined;
+if (D) for (const m of D.all_models) {
+  if (Array.isArray(m.center) && Array.isArray(m.below)) {  // a figure
+    if (m.visible && m.title) out.titles.push(m.title.text);
+    out.outside += m.below.filter(legend).length;
+    out.inside += m.center.filter(legend).length;
+  }
+  if (m.data && m.data.xs && m.data.label) for (const l of m.data.label) out.labels.push(l);
+}
+return out;
+"""
+
+
+def test_a_loops_training_page_names_each_width_and_keeps_legends_off_the_curves(client, browser):
+    """A plain gpu.Loop over two network widths: each curve is labelled by what differs (the
+    loop's model and the rate), never an address; the panels are a loop's (no "of z", no
+    replicas) and every legend stands beside its plot. QUIVER_SCREENSHOTS=docs saves
+    docs/dashboard-training-loop.png."""
+    gpu = pytest.importorskip("gpu")
+    import pipelines
+
+    loops = [gpu.Loop(model=functools.partial(gpu.MLP, 64, 10, hidden=(w,))) for w in (8, 32)]
+    node = (Pipeline("browser-loop").source(gpu.load_digits_tensors, seed=0)
+            .explore("t", grid(gpu.train_loop, loop=loops, lr=[0.001, 0.1], momentum=[0.9], epochs=[4],
+                               batch_size=[32]))
+            .choose("accuracy", prune=pipelines.halving(factor=2)))
+    base = client.dashboard_link.rsplit("/", 1)[0]
+    t, box = start_run(node, client)
+    open_page(browser, base + "/quiver-training")
+    t.join(120)
+    assert "error" not in box, box.get("error")
+    text = wait_for(browser, lambda s: "browser-loop" in s and s.count(" done ") >= 2, what="the loops done", timeout=60)
+    address = re.compile(r"0x[0-9a-fA-F]{4,}")  # a repr's memory address
+    assert not address.search(text) and "of z" not in text and "hidden=(8,)" in text and "hidden=(32,)" in text
+    drawn = browser.execute_script(LEGENDS)
+    assert drawn["inside"] == 0 and drawn["outside"] >= 2, drawn  # legends under the plots
+    assert not any("of z" in t_ or "Replicas" in t_ or "Spread" in t_ for t_ in drawn["titles"]), drawn["titles"]
+    assert not any(address.search(label) for label in drawn["labels"])
+    assert any("hidden=(32,)" in label for label in drawn["labels"]), drawn["labels"]
+    screenshot(browser, "dashboard-training-loop.png")

@@ -35,7 +35,7 @@ def test_notebook_runs_and_shows_the_result_as_html(tmp_path):
     html = [o["data"]["text/html"] for o in outs if o.get("output_type") == "execute_result" and "text/html" in o.get("data", {})]
     assert html, f"the Result did not display as HTML: {outs}"
     assert "Quiver result</b>: 8 branches" in html[0]
-    assert "scaler=minmax &rarr; model=svc(C=10)" in html[0]  # the chosen path
+    assert "scaler=minmax &rarr; model=svc(C=10.0)" in html[0]  # the chosen path
     assert "/quiver-exploration" in html[0]  # the live cluster's dashboard
     progress = [o["data"]["text/plain"] for o in outs if o.get("output_type") == "display_data"]
     assert progress and progress[-1].startswith("[quiver] [") and "branches 8/8" in progress[-1], outs

@@ -183,7 +183,7 @@ def test_the_metrics_figure_labels_no_more_alternatives_than_fit(n):
     from pipelines.report import _metrics_figure
     from pipelines.result import Result
 
-    t = pd.DataFrame([{"m": "svc", "m.C": float(i), "acc": i / n, "status": "dropped" if i % 5 else "pruned",
+    t = pd.DataFrame([{"m": "svc", "m.C": i, "acc": i / n, "status": "dropped" if i % 5 else "pruned",
                        "seconds": 0.1, "chosen": i == 7, "error": None, "failed_step": None, "traceback": None}
                       for i in range(n)])
     fig = _metrics_figure(Result(table=t, value=None, values=[]), "acc")

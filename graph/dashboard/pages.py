@@ -24,6 +24,7 @@ from bokeh.models import (
     ColumnDataSource,
     DataTable,
     Div,
+    FixedTicker,
     HoverTool,
     NumberFormatter,
     Range1d,
@@ -212,6 +213,12 @@ def _run_options(plugin) -> list[str]:
     return [LATEST] + [r for r in reversed(plugin.runs)]
 
 
+def _cut(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, an ellipsis marking the cut."""
+    text = str(text)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -345,7 +352,8 @@ class ExplorationPage(_RunPage):
                  text_baseline="middle")
         fig.add_tools(HoverTool(renderers=[dots], tooltips=[("", "@info")]))
         fig.yaxis.visible = False
-        fig.xaxis.axis_label = "explore"
+        fig.xaxis.axis_label = "explore (depth)"
+        fig.xaxis.ticker = FixedTicker(ticks=[0, 1])  # whole depths only: set per run in update()
         fig.ygrid.visible = False
         self.fig = fig
         self.table_source = ColumnDataSource({"branch": []})
@@ -399,6 +407,7 @@ class ExplorationPage(_RunPage):
         rows = layout["rows"]
         self.fig.height = max(420, rows * ROW_PX + 90)  # a row per shown leaf: labels never overlap
         self.fig.x_range.start, self.fig.x_range.end = -0.2, depth + 1.6
+        self.fig.xaxis.ticker.ticks = list(range(int(depth) + 1))  # no tick between two depths (0.5, 1.5)
         self.fig.y_range.start, self.fig.y_range.end = -1, max(rows, 1)
         if rows < len(run["branches"]):
             self.fig.title.text = (f"Explore tree: {len(run['branches'])} branches shown as {rows} rows "
@@ -489,6 +498,50 @@ _CURVES = [
 
 
 MAX_LEGEND = 16  # report curves; with more, the legend would hide the plot: hover names each line
+REPORTS_PX = 300  # the reports figure's plot height (its legend adds to it)
+PANEL_PX = 260  # a training panel's plot height
+LEGEND_CHARS = 90  # a legend entry's longest text (the table above shows it whole)
+
+#: the panels' titles for a plain loop (``gpu.Loop``, ``algorithm`` "loop..."): one model, no central z
+_LOOP_TITLES = {
+    "accuracy": "Accuracy (test split)",
+    "test_loss": "Loss (test split; dashed: training loss)",
+    "compute_s": "Training seconds per epoch",
+}
+#: panels that only ``gpu.train``'s model averaging fills meaningfully (a plain loop has one replica)
+_GANG_ONLY = ("spread", "replicas")
+
+
+def legend_outside(fig: Any) -> None:
+    """Move ``fig``'s legend below the plot (the plot's whole width for a branch's label), so
+    it never covers a curve."""
+    for legend in list(fig.legend):
+        if legend in fig.center:
+            fig.center.remove(legend)
+        legend.location = "top_left"
+        legend.spacing = 0
+        legend.padding = 4
+        fig.add_layout(legend, "below")
+    fig.xaxis.ticker.min_interval = 1  # epochs and iterations are whole: no tick at 1.5
+
+
+#: pixels a legend row takes under a plot (9 px text); a figure grows by this much per entry
+LEGEND_ROW_PX = 17
+
+
+def fit_legend(fig: Any, base: int, entries: int) -> None:
+    """Give ``fig`` its plot's ``base`` height plus its legend's rows (the legend sits below)."""
+    fig.height = base + 30 + LEGEND_ROW_PX * entries if entries else base
+
+
+def gang_training(views: list[dict]) -> bool:
+    """Whether any shown training is ``gpu.train``'s model averaging (its panels: accuracy of
+    z, spread of the replicas), not only plain loops (``gpu.Loop``, algorithm ``loop``).
+
+    >>> gang_training([{"algorithm": "loop"}]), gang_training([{"algorithm": "loop"}, {"algorithm": "sma"}])
+    (False, True)
+    """
+    return any(v.get("algorithm") and not str(v["algorithm"]).startswith("loop") for v in views)
 
 
 def panels_with_data(lines: dict[str, dict[str, list]]) -> list[str]:
@@ -521,14 +574,14 @@ def report_lines(curves: dict | None) -> dict:
         lines["xs"].append([x for x, _ in xy])
         lines["ys"].append([y for _, y in xy])
         lines["color"].append(COLORS.get(b["status"], "#636363"))
-        lines["label"].append(f"{b['label'][:80]} ({b['status']})")  # the branch's choices: hover and legend
+        lines["label"].append(f"{_cut(b['label'], LEGEND_CHARS)} ({b['status']})")  # its choices: hover and legend
         lines["status"].append(b["status"])
         lines["dash"].append("dashed" if b["status"] == "pruned" else "solid")
         stop = b.get("pruned_at")
         if stop is not None and 0 < stop <= len(b["curve"]) and isinstance(b["curve"][stop - 1], (int, float)):
             marks["x"].append(stop)
             marks["y"].append(b["curve"][stop - 1])
-            marks["label"].append(f"{b['label'][:60]} pruned at iteration {stop}")
+            marks["label"].append(f"{_cut(b['label'], LEGEND_CHARS)} pruned at iteration {stop}")
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     rungs = list((curves or {}).get("rungs", ()))
     return {
@@ -549,16 +602,15 @@ class TrainingPage(_RunPage):
             "marks": ColumnDataSource({"x": [], "y": [], "label": []}),
             "rungs": ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []}),
         }
-        reports = figure(height=300, sizing_mode="stretch_width", title="Reports per iteration",
+        reports = figure(height=REPORTS_PX, sizing_mode="stretch_width", title="Reports per iteration",
                          tools="pan,wheel_zoom,reset,save", toolbar_location="above")
         reports.segment("x0", "y0", "x1", "y1", source=self.report_sources["rungs"], line_color="#636363",
                         line_dash="dotted", line_width=1)
         drawn = reports.multi_line("xs", "ys", source=self.report_sources["lines"], line_color="color", line_width=2,
                                    line_dash={"field": "dash"}, hover_line_color="color", hover_line_width=5,
                                    legend_field="label")
-        reports.legend.location = "top_left"
         reports.legend.label_text_font_size = "9px"
-        reports.legend.background_fill_alpha = 0.6
+        legend_outside(reports)
         ends = reports.scatter("x", "y", source=self.report_sources["marks"], marker="x", size=12, line_width=3,
                                color="#a50f15")
         reports.add_tools(HoverTool(renderers=[drawn], tooltips=[("branch", "@label"), ("iteration", "$x{0}"),
@@ -572,7 +624,7 @@ class TrainingPage(_RunPage):
         self.panels: dict[str, Any] = {}  # field -> its figure, shown only when the run has data for it
         figs = []
         for field, title, ylabel in _CURVES:
-            fig = figure(height=260, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
+            fig = figure(height=PANEL_PX, sizing_mode="stretch_width", title=title, tools="pan,wheel_zoom,reset,save,hover",
                          tooltips=[("branch", "@label"), ("epoch", "$x{0}"), (ylabel, "$y{0.0000}")])
             src = self.sources[field] = ColumnDataSource({"xs": [], "ys": [], "color": [], "label": [], "dash": []})
             pts = self.points[field] = ColumnDataSource({"x": [], "y": [], "color": [], "label": []})
@@ -581,9 +633,8 @@ class TrainingPage(_RunPage):
             fig.scatter("x", "y", source=pts, color="color", size=6)
             fig.xaxis.axis_label = "epoch"
             fig.yaxis.axis_label = ylabel
-            fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9px"
-            fig.legend.background_fill_alpha = 0.5
+            legend_outside(fig)
             fig.visible = False
             self.panels[field] = fig
             figs.append(fig)
@@ -614,6 +665,7 @@ class TrainingPage(_RunPage):
             return ""
         n = len(curves["branches"])
         self.reports.legend.visible = n <= MAX_LEGEND  # beyond, hover a line for its configuration
+        fit_legend(self.reports, REPORTS_PX, n if n <= MAX_LEGEND else 0)
         pruned = len(drawn["marks"]["x"])
         rungs = ", ".join(str(r) for r in curves["rungs"])
         self.reports.title.text = (
@@ -659,7 +711,7 @@ class TrainingPage(_RunPage):
 
         for n, v in enumerate(views):
             color = Category10_10[n % 10]
-            label = v["label"][:60]
+            label = _cut(v["label"], LEGEND_CHARS)
             ep = v["epochs"]
             xs = [e["epoch"] for e in ep]
             add("accuracy", xs, [e["accuracy"] for e in ep], color, label)
@@ -678,14 +730,21 @@ class TrainingPage(_RunPage):
                 f"<tr><td style='color:{color}'>&#9632;</td><td>{html.escape(v['label'])}</td><td>{v['state']}</td>"
                 f"<td>{v['algorithm'] or ''}</td><td>{len(ep)}/{v['epochs_total'] or '?'}</td>"
                 f"<td>{_fmt(last.get('accuracy'))}</td><td>{_fmt(last.get('samples_per_s'))}</td>"
-                f"<td>{workers}</td></tr>"
+                + (f"<td>{workers}</td>" if gang_training([v]) else "<td></td>") + "</tr>"
             )
         for k, src in self.sources.items():
             src.data = lines[k]
             self.points[k].data = pts[k]
         shown = panels_with_data(lines)
+        gang = gang_training(views)
+        if not gang:  # plain loops: one model each, no central z, no replicas
+            shown = [k for k in shown if k not in _GANG_ONLY]
+        for field, title, _ in _CURVES:
+            self.panels[field].title.text = title if gang else _LOOP_TITLES.get(field, title)
         for k, fig in self.panels.items():
             fig.visible = k in shown
+            if k != "tuning":
+                fit_legend(fig, PANEL_PX, len(set(lines[k]["label"])))
         title = f"run {html.escape(run['run'])} ({html.escape(run['name'])})" if run else ""
         raw = plugin.runs.get(run["run"]) if run is not None else None
         reported = self.show_reports(plugin.curves_view(raw) if raw is not None else None)
@@ -693,7 +752,8 @@ class TrainingPage(_RunPage):
             self.header.text = (
                 f"<h3>Quiver: training <small>{title}</small></h3>{reported}"
                 "<table style='font-size:12px'><tr><th></th><th>branch</th><th>state</th><th>algorithm</th>"
-                "<th>epochs</th><th>accuracy of z</th><th>samples/s</th><th>replicas per worker</th></tr>"
+                "<th>epochs</th>" + ("<th>accuracy of z</th>" if gang_training(views) else "<th>accuracy</th>")
+                + "<th>samples/s</th>" + ("<th>replicas per worker</th>" if gang_training(views) else "<th></th>") + "</tr>"
                 + "".join(rows) + "</table>"
             )
         else:

@@ -50,6 +50,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._dask import bokeh_prefix
 from ..bounded import answered
+from ..labels import branch_labels, choice_text
 from ..memory.timeline import SAMPLE_SECONDS, MemoryTimeline, predicted_worker_peak
 from ..spec import PruneSpec
 from ..state.ranking import best as best_index
@@ -87,15 +88,9 @@ logger = logging.getLogger(__name__)
 
 
 def _branch_label(b: dict) -> str:
-    """``#3 add(n=1) train(lr=0.1)``: a branch's id and choices, as the pages name it."""
-    return f"#{b['id']} " + " ".join(f"{v}" for v in b["choices"].values())
-
-
-def _choice_text(label: str, params: dict) -> str:
-    if not params:
-        return str(label)
-    inner = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"{label}({inner})"
+    """``#3 width=64 lr=0.1``: a branch's id and the choices that tell it from the run's other
+    branches (:func:`graph.labels.branch_labels`), as the pages name it."""
+    return f"#{b['id']} {b['label']}" if b.get("label") else f"#{b['id']}"
 
 
 def _extend_curve(curve: list, at: Any, points: list) -> None:
@@ -185,12 +180,15 @@ class QuiverDashboard(SchedulerPlugin):
             branches = []
             for b in msg.get("branches", ()):
                 choices = [(share(c[0]), share(c[1]), c[2] or {}) for c in b.get("choices", ())]
+                label = b.get("label")
                 branches.append(
                     {
                         "id": b["id"],
                         "key": share(b.get("key")),
-                        "choices": {name: share(_choice_text(label, params)) for name, label, params in choices},
-                        "labels": {name: label for name, label, _ in choices},
+                        "choices": {name: share(choice_text(alt, params)) for name, alt, params in choices},
+                        "labels": {name: alt for name, alt, _ in choices},
+                        "label": label,
+                        "_choices": choices if label is None else None,  # to label it below (an older publisher)
                         "params": {share(f"{name}.{p}"): v for name, _, params in choices for p, v in params.items()},
                         "lineage": [share(k) for k in b.get("lineage", ())],
                         "gates": b.get("gates", []),
@@ -200,6 +198,11 @@ class QuiverDashboard(SchedulerPlugin):
                         "error": None,
                     }
                 )
+            if any(b["_choices"] is not None for b in branches):
+                for b, text in zip(branches, branch_labels([b["_choices"] or () for b in branches])):
+                    b["label"] = b["label"] or text
+            for b in branches:
+                del b["_choices"]
             if self.training:
                 # a rerun of the same pipeline reuses the training step's key: its curves
                 # start afresh for the new run (a gang restart keeps them: it sends no "start" here)
@@ -348,6 +351,7 @@ class QuiverDashboard(SchedulerPlugin):
                     "status": self._status(run, b),
                     "choices": dict(b["choices"]),
                     "labels": dict(b["labels"]),
+                    "label": b.get("label") or "",
                     "params": jsonable(b["params"]),
                     "metrics": dict(b["metrics"]),
                     "scalars": dict(b["scalars"]),

@@ -6,7 +6,8 @@ plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
 "Events" page lists them too.
 
 * ``quiver-exploration`` (the client side of a run, :class:`ExplorationPublisher`):
-  ``{"kind": "start", ...}`` with the branches (choices, keys) and the chooses, then
+  ``{"kind": "start", ...}`` with the branches (choices, keys, ``label``: the choices that
+  differ between the branches, :mod:`graph.labels`) and the chooses, then
   ``{"kind": "update", ...}`` with the branches whose status or metric changed
   (throttled), then ``{"kind": "end", ...}`` with every branch's final status.
   A run with iterative steps (docs/architecture.md §7) adds, per changed branch,
@@ -40,6 +41,7 @@ import threading
 import time
 from typing import Any
 
+from ..labels import branch_labels
 from ..state.halving import curve_choose
 from ..state.status import COLORS, STATUSES, final_status  # their one owner; re-exported here
 
@@ -113,14 +115,23 @@ def _prune_info(prune: Any) -> dict | None:
     return {"factor": prune.factor, "min_iter": prune.min_iter, "max_iter": prune.max_iter}
 
 
-def _branch_info(i: int, branch: Any) -> dict:
-    return {
+def _branch_info(i: int, branch: Any, label: str | None = None) -> dict:
+    """A branch as ``start`` sends it: its choices with each parameter's plain value or short
+    text (:func:`graph.labels.plain_value`: ``make_net(64)``, never an address) and ``label``,
+    its choices that differ from the other branches' (:func:`graph.labels.branch_labels`)."""
+    from ..labels import plain_value
+
+    info = {
         "id": i,
         "key": branch.key,
-        "choices": [[name, label, jsonable(dict(params))] for name, label, params in branch.choice_items],
+        "choices": [[name, alt, {str(p): jsonable(plain_value(v)) for p, v in params}]
+                    for name, alt, params in branch.choice_items],
         "lineage": list(branch.lineage),
         "gates": [list(g) for g in branch.gates],
     }
+    if label is not None:
+        info["label"] = label
+    return info
 
 
 class ExplorationPublisher:
@@ -247,7 +258,9 @@ class ExplorationPublisher:
                     for cp in c.chooses
                 ],
                 "curve_choose": curve_choose(c.chooses),
-                "branches": [_branch_info(i, b) for i, b in enumerate(c.branches)] if self.detailed else [],
+                "branches": [_branch_info(i, b, text) for i, (b, text) in
+                             enumerate(zip(c.branches, branch_labels([b.choice_items for b in c.branches])))]
+                if self.detailed else [],
                 "total_branches": len(c.branches),
                 "unique_tasks": self.unique_tasks,
                 "naive_tasks": self.naive_tasks,

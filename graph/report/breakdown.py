@@ -40,10 +40,60 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["CATEGORIES", "Collector", "breakdown", "released_records", "source_keys", "wait_spans"]
+__all__ = ["CATEGORIES", "STARTUP_NOTE_SHARE", "Collector", "breakdown", "released_records", "source_keys",
+           "startup_note", "startup_share", "wait_spans"]
+
+#: ``run()`` says how much of its wall was start-up when that share is above this
+STARTUP_NOTE_SHARE = 0.30
 
 CATEGORIES = ("importing", "startup", "loading", "moving", "computing", "waiting", "idle")
 _MOVING = {"transfer", "disk-read", "disk-write", "deserialize"}
+
+
+def startup_share(stats: Mapping[str, Any]) -> tuple[float, dict[str, float]] | None:
+    """The share of a run's wall that went to starting up, and its parts: ``cluster`` (starting
+    or connecting to the cluster, ``stats["cluster_seconds"]``), ``importing`` (the workers
+    importing the steps' libraries) and ``first task`` (before each worker's first task:
+    scheduling, a narrow start), the last two from ``stats["time_breakdown"]``. The wall:
+    compile, cluster and the breakdown's window. ``None`` without a breakdown.
+
+    >>> share, parts = startup_share({"compile_seconds": 0.5, "cluster_seconds": 3.0,
+    ...     "time_breakdown": {"window_s": 6.5, "importing": 1.5, "startup": 0.5}})
+    >>> round(share, 2), parts
+    (0.5, {'cluster': 3.0, 'importing': 1.5, 'first task': 0.5})
+    """
+    tb = stats.get("time_breakdown")
+    if not isinstance(tb, Mapping) or not tb.get("window_s"):
+        return None
+    wall = float(stats.get("compile_seconds") or 0.0) + float(stats.get("cluster_seconds") or 0.0) + float(tb["window_s"])
+    parts = {"cluster": float(stats.get("cluster_seconds") or 0.0), "importing": float(tb.get("importing") or 0.0),
+             "first task": float(tb.get("startup") or 0.0)}
+    return (sum(parts.values()) / wall if wall > 0 else 0.0), parts
+
+
+def startup_note(stats: Mapping[str, Any], threshold: float = STARTUP_NOTE_SHARE) -> str | None:
+    """The line ``run()`` prints at its end (unless ``quiet``) when start-up took more than
+    ``threshold`` of the wall: a short run is then mostly start-up, which a second run on the
+    kept cluster, or one process, does not pay.
+
+    >>> print(startup_note({"compile_seconds": 0.5, "cluster_seconds": 3.0, "cluster": "started",
+    ...     "time_breakdown": {"window_s": 6.5, "importing": 1.5, "startup": 0.5}}))
+    [quiver] start-up took 50% of this run's 10.0 s (cluster 3.0 s, workers importing the steps' libraries 1.5 s, \
+before the first tasks 0.5 s); the next run in this process reuses the kept cluster (docs/guide/speed.md)
+    >>> startup_note({"cluster_seconds": 0.1, "time_breakdown": {"window_s": 9.9}}) is None
+    True
+    """
+    found = startup_share(stats)
+    if found is None or found[0] <= threshold:
+        return None
+    share, parts = found
+    wall = float(stats.get("compile_seconds") or 0.0) + float(stats.get("cluster_seconds") or 0.0) + \
+        float(stats["time_breakdown"]["window_s"])
+    return (f"[quiver] start-up took {share:.0%} of this run's {wall:.1f} s (cluster {parts['cluster']:.1f} s, "
+            f"workers importing the steps' libraries {parts['importing']:.1f} s, before the first tasks "
+            f"{parts['first task']:.1f} s)"
+            + ("; the next run in this process reuses the kept cluster" if stats.get("cluster") == "started" else "")
+            + " (docs/guide/speed.md)")
 
 
 def source_keys(graph: Mapping[str, Any]) -> set[str]:

@@ -2,8 +2,11 @@
 
 Columns: one per explore name (the alternative's label), one per parameter
 (``"<explore>.<param>"``), the choose metric columns, then scalar entries of the
-branch's final output when it is a mapping, then (when the run has an iterative step) ``iterations``,
-(when a step was retried after an infrastructure error) ``retries``, then ``status``, ``seconds``,
+branch's final output when it is a mapping, then ``label`` (the branch's choices that differ
+from the other branches', :func:`graph.labels.branch_labels`, e.g. ``width=64 lr=0.01``; a
+step's own ``label`` entry keeps the column), then (when the run has an iterative step)
+``iterations`` and (when a pruning choose stopped a branch) ``pruned_at``, (when a step was
+retried after an infrastructure error) ``retries``, then ``status``, ``seconds``,
 ``chosen``, ``error``, ``error_kind`` (``graph.state.failures``: ``step``, ``infrastructure`` or
 ``serialisation``), ``failed_step`` and ``traceback``.
 
@@ -11,6 +14,13 @@ branch's final output when it is a mapping, then (when the run has an iterative 
 pruned branch, the iteration it was stopped at; 0 for a branch with no iterative step, or whose
 iterative step's value came from the result store.  The column is absent when no step of the
 run is iterative.  ``table.attrs["history"]`` (``Result.history``) lists each row's reports.
+A pruned branch's row carries its last report's value of every metric (the choose's metric
+and the report's other scalar entries) and ``pruned_at``, the rung's iteration it stopped at.
+
+Parameter columns keep the user's values (:func:`param_column`): integers stay integers,
+a parameter that does not apply to a branch (it took another alternative) is ``pd.NA``
+(shown ``<NA>``), and a ``None`` the user chose stays ``None``; an object without a plain
+value (a callable, a ``functools.partial``, a ``gpu.Loop``) shows as :func:`graph.labels.value_text`.
 """
 
 from __future__ import annotations
@@ -19,12 +29,44 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..compiling.compiler import CompiledPipeline, scalar_entries
-from ..spec import fn_name
+from ..labels import branch_labels, plain_value
 from ..state.failures import failure_kind
 from ..state.ranking import sort_key
 from ..state.rows import RowState
 
-__all__ = ["History", "branch_seconds", "build_table", "import_table_library"]
+__all__ = ["NOT_APPLICABLE", "History", "branch_seconds", "build_table", "import_table_library", "param_column"]
+
+#: a parameter cell of a branch that did not take that parameter's alternative (``pd.NA`` in the table)
+NOT_APPLICABLE = object()
+
+
+def param_column(values: list) -> Any:
+    """A parameter column from its cells (:data:`NOT_APPLICABLE` where the parameter does not
+    apply): whole numbers stay integers (``Int64`` when some cells do not apply), a ``None``
+    the user chose stays ``None`` and a cell that does not apply is ``pd.NA``.
+
+    >>> list(param_column([3, NOT_APPLICABLE, 5]).astype(object)), param_column([3, NOT_APPLICABLE]).dtype
+    ([3, <NA>, 5], Int64Dtype())
+    >>> list(param_column([None, 3, NOT_APPLICABLE]))
+    [None, 3, <NA>]
+    >>> param_column([0.1, 1.0]).dtype, param_column([1, 2]).dtype
+    (dtype('float64'), dtype('int64'))
+    """
+    import numpy as np
+    import pandas as pd
+
+    present = [v for v in values if v is not NOT_APPLICABLE]
+    gaps = len(present) < len(values)
+    cells = [pd.NA if v is NOT_APPLICABLE else v for v in values]
+    if present and None not in present:
+        for kinds, plain, nullable in (((bool,), bool, "boolean"), ((int,), np.int64, "Int64"),
+                                       ((int, float), np.float64, "Float64")):
+            if all(isinstance(v, kinds) and (kinds == (bool,) or not isinstance(v, bool)) for v in present):
+                return pd.array(cells, dtype=nullable) if gaps else np.array(cells, dtype=plain)
+    out = np.empty(len(cells), dtype=object)  # filled one by one: a list value stays one cell
+    for i, v in enumerate(cells):
+        out[i] = v
+    return out
 
 
 def branch_seconds(lineages: list, seconds: Mapping[str, float]) -> list[float]:
@@ -87,26 +129,35 @@ def build_table(
         metric_cols.setdefault(cp.spec.metric_name, None)
 
     share = branch_seconds([r.branch.lineage for r in rows], seconds)
-    records = []
-    for r, spent in zip(rows, share):
+    labels = branch_labels([r.branch.choice_items for r in rows])
+    pruned = any(r.pruned_at is not None for r in rows)
+    records, cells = [], {c: [] for c in param_cols}
+    for r, spent, text in zip(rows, share, labels):
         rec: dict[str, Any] = {n: None for n in names}
         rec.update({c: None for c in param_cols})
-        for name, label, params in r.branch.choice_items:
+        mine = {f"{name}.{p}": v for name, _, params in r.branch.choice_items for p, v in params}
+        for c in param_cols:  # the user's values, a callable or object by its short text (graph.labels)
+            cells[c].append(plain_value(mine[c]) if c in mine else NOT_APPLICABLE)
+        for name, label, _params in r.branch.choice_items:
             rec[name] = label
-            for p, v in params:
-                rec[f"{name}.{p}"] = fn_name(v) if callable(v) else v  # a model factory shows as its name
+        last = r.history[-1] if r.status == "pruned" and r.history else {}  # where a pruned branch stopped
         for ci, m in r.metrics:
-            rec[compiled.chooses[ci].spec.metric_name] = m
+            name = compiled.chooses[ci].spec.metric_name
+            rec[name] = last.get(name) if m is None and name in last else m
         value = values.get(r.branch.key) if r.has_value else None
-        entries = dict(r.scalars)
+        entries = dict(last)  # a pruned branch: its last report's metrics
+        entries.update(r.scalars)
         entries.update(scalar_entries(value))
         for k, v in entries.items():
             if k not in rec:
                 rec[k] = v
         if r.has_value and not isinstance(value, Mapping) and "value" not in rec:
             rec.update(scalar_entries({"value": value}))  # a scalar output gets a "value" column
+        rec.setdefault("label", text)
         if r.iterations is not None:
             rec["iterations"] = r.iterations
+        if pruned:
+            rec["pruned_at"] = r.pruned_at
         rec["status"] = r.status
         rec["seconds"] = spent
         rec["chosen"] = r.chosen
@@ -119,6 +170,8 @@ def build_table(
         records.append(rec)
     fixed = list(names) + list(param_cols) + list(metric_cols)
     tail = ["status", "seconds", "chosen", "error", "error_kind", "failed_step", "traceback"]
+    if pruned:
+        tail.insert(0, "pruned_at")
     if any(r.iterations is not None for r in rows):
         tail.insert(0, "iterations")
     if retries:
@@ -126,10 +179,14 @@ def build_table(
     extra: dict[str, None] = {}
     for rec in records:
         for k in rec:
-            if k not in fixed and k not in tail:
+            if k not in fixed and k not in tail and k != "label":
                 extra.setdefault(k, None)
-    columns = fixed + list(extra) + tail
+    columns = fixed + list(extra) + ["label"] + tail
     table = pd.DataFrame.from_records(records, columns=columns)
+    for c, column in cells.items():
+        table[c] = param_column(column)
+    if pruned:
+        table["pruned_at"] = pd.array(list(table["pruned_at"].astype(object)), dtype="Int64")  # NA: not pruned
     table.index.name = "branch"
 
     def order(i: int) -> tuple:

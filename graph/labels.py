@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import numbers
 import re
@@ -39,6 +40,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .spec import fn_name
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_TEXT", "value_text", "choice_text", "branch_labels", "plain_value"]
 
@@ -115,7 +118,8 @@ def value_text(value: Any, depth: int = 0) -> str:
         return _short("{" + inner + "}", value)
     try:
         text = repr(value)
-    except Exception:  # a broken __repr__: the type still names it
+    except Exception as exc:  # recorded: a broken __repr__; the type still names it
+        logger.debug("a label shows %s by its type: its repr failed (%r)", type(value).__name__, exc)
         return type(value).__name__
     return _short(text, value)
 
@@ -139,13 +143,15 @@ def _dataclass_text(value: Any, depth: int) -> str:
         elif f.default_factory is not dataclasses.MISSING:
             try:
                 default = f.default_factory()
-            except Exception:  # a factory that needs context: treat the field as set
+            except Exception as exc:  # recorded: a factory that needs context; the field counts as set
+                logger.debug("label: default of %s.%s not made (%r)", type(value).__name__, f.name, exc)
                 default = dataclasses.MISSING
         else:
             default = dataclasses.MISSING
         try:
             same = default is not dataclasses.MISSING and (v is default or bool(v == default))
-        except Exception:  # an array-like ``==``: not a plain default
+        except Exception as exc:  # recorded: an array-like ``==``; not a plain default
+            logger.debug("label: %s.%s compared to its default failed (%r)", type(value).__name__, f.name, exc)
             same = False
         if not same:
             parts.append(f"{f.name}={value_text(v, depth + 1)}")

@@ -160,6 +160,8 @@ def judge(corpus: str, rc: int, rows: list, text: str, in_process: bool = False)
             wrong.append(f"{len(failed)} failed branches, expected {4 if in_process else 6}")
         if rc != (0 if in_process else 1):
             wrong.append(f"exit status {rc}, expected {0 if in_process else 1} (1: a value that cannot be pickled)")
+        if not in_process and not re.search(r"quiver: error: branch \d+ \(.*\): ValueCannotTravel: step with_lock", text):
+            wrong.append("no RunError naming the branch and the step whose value cannot be pickled")
     else:
         spurious = failed
         if rc != 0:

@@ -137,7 +137,7 @@ def run_node(
         note = startup_note(record.stats)
         if note:
             print(note, file=sys.stderr, flush=True)
-    return Result(
+    result = Result(
         table=record.table,
         value=(record.values[0] if record.values else None) if record.single else record.values,
         values=record.values,
@@ -147,6 +147,34 @@ def run_node(
         client=c if distributed else None,
         _close=close,
     )
+    _refuse_values_that_cannot_travel(result)
+    return result
+
+
+def _refuse_values_that_cannot_travel(result: Result) -> None:
+    """A branch whose value could not be pickled (``graph.parcels.ValueCannotTravel``) ends the
+    run with a :class:`graph.RunError` naming the branch, the step and the type (issue 44): the
+    choice was made without that branch, which the user must know. Nothing is lost: the error
+    carries the whole result (``exc.result``: table, values, stats) and ``exc.table``."""
+    table = result.table
+    if table is None or "error_kind" not in getattr(table, "columns", ()):
+        return
+    bad = table[table["error_kind"] == "serialisation"]
+    if bad.empty:
+        return
+    import graph
+
+    first = bad.iloc[0]
+    label = first.get("label") if "label" in bad.columns else None
+    error = str(first.get("error") or "").strip().splitlines()[-1] if first.get("error") else "a value that cannot be pickled"
+    more = f" (and {len(bad) - 1} more branch(es))" if len(bad) > 1 else ""
+    exc = graph.RunError(
+        f"branch {bad.index[0]}{f' ({label})' if label else ''}: {error}{more}. The choice was made without it; "
+        f"return values that pickle (or keep the object inside the step). Every branch's result is in the "
+        f"error's .result (its .table has every branch)", table=table)
+    exc.result = result  # type: ignore[attr-defined]
+    exc.compiled = result.compiled  # type: ignore[attr-defined]  # the CLI's --json/--report read its branches
+    raise exc
 
 
 def _bridged(compiled: Any, modules: list[str]) -> bool:

@@ -207,3 +207,16 @@ def test_canary_turn_lru(tmp_path):
     buf.fast.evict()
     assert "x" in buf.slow
 
+
+
+def test_the_architecture_page_lists_every_fenced_use_with_its_reason():
+    """docs/architecture.md §11's table is graph._dask.FENCED (its one owner), row for row."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    section = text[text.index("## 11. The fence"):]
+    rows = {line.split("|")[1].strip().strip("`"): line for line in section.splitlines()
+            if line.startswith("| `")}
+    assert set(rows) == set(fence.FENCED)
+    for name, reason in fence.FENCED.items():
+        assert reason.split(":", 1)[1].strip() in rows[name], name

@@ -123,14 +123,21 @@ def _plain(x):
 
 
 @pytest.mark.slow
-def test_a_value_that_cannot_leave_its_worker_fails_its_branch_naming_it_and_the_others_are_kept(client):
-    from pipelines import Pipeline, grid
+def test_a_value_that_cannot_leave_its_worker_ends_the_run_naming_it_and_the_others_are_kept(client):
+    """Issue 44 item 4: a RunError naming the branch, the step and the type; nothing lost (the
+    error carries the whole result: the table, the other branches' values)."""
+    import graph
+    from pipelines import Pipeline
 
     p = Pipeline("travel")
     src = p.source(lambda: 1.0)
     out = src.explore("fit", lock=_with_lock, plain=_plain).choose("accuracy", mode="max")
-    with pytest.warns(UserWarning, match="every branch through fit=lock failed"):
-        result = out.run(client, progress=False)
+    with pytest.warns(UserWarning, match="every branch through fit=lock failed"), \
+            pytest.raises(graph.RunError, match=r"branch 0 \(fit=lock\): ValueCannotTravel: step _with_lock "
+                                                r"returned a dict whose entry 'lock' \(a _thread.lock\)") as caught:
+        out.run(client, progress=False)
+    result = caught.value.result
+    assert caught.value.table is result.table
     table = result.table.set_index("fit")
     assert table.at["lock", "status"] == "failed" and table.at["lock", "error_kind"] == "serialisation"
     assert "step _with_lock returned a dict whose entry 'lock'" in table.at["lock", "error"]

@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import shutil
 import os
+import time
+from typing import Any, Callable
 
 import pytest
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition",
+             interval: float = 0.01) -> Any:
+    """Wait for an event instead of sleeping for a while: poll ``predicate`` every ``interval``
+    s and return its first truthy value; raise ``TimeoutError`` naming ``what`` if none came
+    within ``timeout`` s (a safety bound, so a missing event fails the test instead of hanging
+    it: never a measure of how fast the event came)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

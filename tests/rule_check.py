@@ -82,9 +82,9 @@ def run_a_late_second_pack(client, submit, table, members, iterations, wait=120)
     tasks' results, the ``(key, iteration)`` reports the run received (``iterations`` per member
     expected), the claim table at the end and how many reports arrived twice."""
     import queue
-    import time
 
     from graph.tasks.iterative import ReportChannel
+    from tests.conftest import wait_for
 
     events: queue.Queue = queue.Queue()
     channel = ReportChannel(client, lambda key, i, report: events.put((key, i)), keys=set(members))
@@ -92,10 +92,9 @@ def run_a_late_second_pack(client, submit, table, members, iterations, wait=120)
     try:
         first = submit(f"{table}-0")
         delivered.append(events.get(timeout=wait))
-        deadline = time.monotonic() + wait
-        while not (client.run_on_scheduler(_claim_table, name=table) or {}).get("made", {}).get(list(members)[-1]):
-            assert time.monotonic() < deadline, f"{table}-0 never reported an epoch to its claim table"
-            time.sleep(0.01)
+        last = list(members)[-1]
+        wait_for(lambda: (client.run_on_scheduler(_claim_table, name=table) or {}).get("made", {}).get(last),
+                 timeout=wait, what=f"{table}-0 to report an epoch of {last} to its claim table")
         values = client.gather([first, submit(f"{table}-1")])
         while not events.empty() or len(delivered) < iterations * len(members):
             delivered.append(events.get(timeout=wait))

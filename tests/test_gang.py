@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpu.gang import GangContext, GangError, run_gang, run_gang_timed
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow  # gangs of long-running tasks
 
@@ -81,8 +82,10 @@ def test_two_gangs_launched_together_both_complete(client):
 
     a = threading.Thread(target=launch, args=("a", [w0, w1], 0))
     b = threading.Thread(target=launch, args=("b", [w1, w0], 10))
+    wait_for(lambda: client.processing()[w1], what="the blocker to run on worker 1")
     a.start()
-    time.sleep(0.3)
+    # gang A's rank 0 holds worker 0 (it waits there for rank 1) before B is launched
+    wait_for(lambda: client.processing()[w0], what="gang A's rank 0 to start on worker 0")
     b.start()
     for t in (a, b):
         t.join(100)
@@ -125,7 +128,7 @@ def test_run_gang_from_inside_a_task(client):
 def test_admission_timeout_when_a_worker_stays_busy(client):
     workers = worker_addresses(client)
     busy = client.submit(blocker, 4.0, workers=[workers[1]], pure=False)
-    time.sleep(0.5)
+    wait_for(lambda: client.processing()[workers[1]], what="the blocker to run on worker 1")
     with pytest.raises(GangError, match="did not start within admission_timeout") as info:
         run_gang(client, whoami, workers, "x", admission_timeout=1.5)
     assert info.value.rank == 1 and info.value.worker == workers[1]
@@ -137,8 +140,7 @@ def test_admission_timeout_when_a_worker_stays_busy(client):
 def test_timings_tell_waiting_for_a_busy_worker_from_admission(client):
     workers = worker_addresses(client)
     busy = client.submit(blocker, 1.5, workers=[workers[1]], pure=False)
-    while not client.processing()[workers[1]]:  # the blocker runs: rank 1 cannot start yet
-        time.sleep(0.01)
+    wait_for(lambda: client.processing()[workers[1]], what="the blocker to run")  # rank 1 cannot start yet
     results, t = run_gang_timed(client, whoami, workers, "t")
     assert [r[4] for r in results] == [3.0, 3.0] and busy.result() == "done"
     assert set(t) == {"lock_s", "wait_s", "admission_s", "run_s"}

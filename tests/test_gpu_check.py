@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check, gpu_wheelset
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,12 +41,11 @@ def _blocks(stdout: str) -> dict[str, str]:
 @pytest.mark.timeout(200)
 def test_dry_run_names_every_step_says_what_it_would_do_or_why_not_and_exits_0(tmp_path):
     out = tmp_path / "out"
-    t0 = time.monotonic()
+    # timeout: a safety bound (a dry run that starts a step's work hangs past it and fails); that it
+    # runs nothing is checked below by what it wrote: would-run/would-skip records, no measurements
     p = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run", "--out", str(out)], cwd=ROOT,
                        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=180)
-    took = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert took < 120, f"the dry run took {took:.0f} s (meant to be under a minute)"
     blocks = _blocks(p.stdout)
     assert list(blocks) == [s.name for s in gpu_check.STEPS]
     for step in gpu_check.STEPS:
@@ -99,17 +99,16 @@ def test_a_step_past_its_time_box_is_killed_with_its_children_and_keeps_what_it_
     step = gpu_check.Step("slow", 3, "a step that overruns", (), lambda ctx: [sys.executable, "-c", script],
                           json_out="part.json")
     ctx = gpu_check.Context(py=sys.executable, out=tmp_path, work=work, deadline=time.time() + 60)
-    t0 = time.monotonic()
+    # the step sleeps 120 s, past this test's 60 s timeout: run_step returns only if the box ended it
     rec = gpu_check.run_step(step, ctx, box=3)
-    assert time.monotonic() - t0 < 20
     assert rec["status"] == "timeout" and rec["rc"] is None and "3 s time box" in rec["reason"]
     assert rec["result"] == {"measured": [1, 2]} and rec["partial"] is True
     assert "first part written" in rec["log_tail"]
     pid = int((work / "child.pid").read_text())
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid), "the step's child process outlived its time box"
+    try:
+        wait_for(lambda: not _alive(pid), timeout=5, what=f"the step's child {pid} to exit")
+    except TimeoutError:
+        pytest.fail("the step's child process outlived its time box")
 
 
 def test_steps_the_budget_leaves_no_time_for_are_skipped_and_unknown_steps_refused(tmp_path, capsys):

@@ -29,15 +29,18 @@ async def _close_during_a_beat(plugin: bool) -> tuple[bool, list[str]]:
             pc = w.periodic_callbacks["heartbeat"]
             beat = pc.callback
 
+            in_flight = asyncio.Event()
+
             async def slow() -> None:  # a beat that gathers its metrics slowly
-                await asyncio.sleep(0.3)
+                in_flight.set()
+                await asyncio.sleep(0.3)  # the slow gathering under test: the close comes meanwhile
                 await beat()
 
             pc.callback = slow
             if plugin:
                 await w.plugin_add(QuietClosePlugin())
             flight = asyncio.ensure_future(pc.callback())
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(in_flight.wait(), 30)  # the beat has started: close during it
             await w.close()
             try:
                 await flight

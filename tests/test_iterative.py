@@ -20,6 +20,7 @@ from graph.tasks.iterative import Iterative, ReportChannel
 from graph.state.halving import Halving, Pruned, Stop
 from graph.spec import PruneSpec
 from graph.parcels import opened
+from tests.conftest import wait_for as wait_until  # this module's wait_for is a step's gate
 
 pytestmark = pytest.mark.slow  # training-style runs with pruning
 
@@ -349,8 +350,18 @@ def test_a_step_waiting_at_a_rung_no_run_answered_is_heard_by_the_next_run(clien
     try:
         fut = client.submit(Iterative(endless, prune), "unanswered", log_dir, (1.0, 1.0), key="unanswered-1", pure=False)
         first.until("unanswered-1", 1)
-        time.sleep(2.5)  # the step re-sends while it waits: not replays for this channel
-        assert first.channel.replayed == 0
+        heard = []  # the re-sends of the rung report this channel received, counted as they come
+        on_event = first.channel._on_event
+
+        def counting(event):
+            if event[1].get("key") == "unanswered-1" and event[1].get("resend"):
+                heard.append(event[1]["iteration"])
+            on_event(event)
+
+        first.channel._on_event = counting
+        # the step re-sends while it waits (every GATE_POLL_S): two heard, neither a replay for this channel
+        wait_until(lambda: len(heard) >= 2, timeout=30, what="two re-sends of the unanswered rung report")
+        assert heard[:2] == [1, 1] and first.channel.replayed == 0
     finally:
         first.channel.close()
     second = Driver(client, prune, {"unanswered-1": 0})  # answers every rung it hears

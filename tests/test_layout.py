@@ -371,3 +371,147 @@ def test_the_private_name_check_sees_each_kind_of_use(tmp_path, monkeypatch):
         "graph/mod.py:5: ._get_prefix_duration",
         "graph/mod.py:6: ._unknown_thing (defined nowhere in Quiver)",
     ]
+
+
+# ---- tests do not race the clock (issue 45 item 4) ---------------------------------------------
+# A test asserts what happened (an event, an order, a count, a status, the error a bound raised),
+# never how long it took: on a shared 2-core machine a timing is noise, and timings belong in
+# benchmarks/. A ``timeout=`` passed to a call, or a poll with a deadline (tests/conftest.py's
+# ``wait_for``), is a safety bound that turns a hang into a failure: allowed.
+
+_CLOCKS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns", "time_ns"}
+_ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _is_clock_call(node: ast.AST) -> bool:
+    """``time.monotonic()``, ``time.perf_counter()``, ``time.time()`` (and their ``_ns``), or
+    the bare name after ``from time import monotonic``."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Attribute):
+        return f.attr in _CLOCKS and isinstance(f.value, ast.Name) and f.value.id == "time"
+    return isinstance(f, ast.Name) and f.id in _CLOCKS
+
+
+def elapsed_time_asserts(source: str, filename: str = "<test>") -> list[str]:
+    """The ``assert`` statements in ``source`` that order-compare (<, <=, >, >=) a clock reading
+    or an elapsed time: an operand that calls a clock, or names a variable assigned (anywhere in
+    the file) from a difference involving a clock reading, or from such a variable. Timestamps
+    compared with timestamps (``a < started <= b``: an order of events) are not elapsed times."""
+    tree = ast.parse(source, filename)
+
+    def mentions(node: ast.AST, names: set[str]) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+    stamps: set[str] = set()  # names holding a clock reading (t0, deadline)
+    elapsed: set[str] = set()  # names holding a difference of readings (took, asked), or derived from one
+
+    def clocked(node: ast.AST) -> bool:
+        return any(_is_clock_call(n) for n in ast.walk(node)) or mentions(node, stamps)
+
+    assigns: list[tuple[list[str], ast.AST]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            value = node.value if not isinstance(node, ast.AugAssign) else ast.BinOp(node.target, node.op, node.value)
+            assigns.append((names, value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            # what a function returns reaches the names its caller unpacks: ``took = ...; return took``
+            for ret in (n for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None):
+                assigns.append(([f"<return {node.name}>"], ret.value))
+    calls = {}  # "<return f>" -> names assigned from a call of f (directly or through asyncio.run(f()))
+    for names, value in assigns:
+        for call in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Name):
+                calls.setdefault(f"<return {call.func.id}>", []).append(names)
+    changed = True
+    while changed:
+        changed = False
+        for names, value in assigns:
+            diff = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and (clocked(n.left) or clocked(n.right))
+                       for n in ast.walk(value))
+            kind = elapsed if diff or mentions(value, elapsed) else stamps if clocked(value) else None
+            for name in names if kind is not None else ():
+                if name not in kind:
+                    kind.add(name)
+                    changed = True
+                for caller_names in calls.get(name, ()) if name.startswith("<return ") else ():
+                    for n in caller_names:
+                        if n not in kind:
+                            kind.add(n)
+                            changed = True
+
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assert):
+            continue
+        for cmp in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+            if not any(isinstance(op, _ORDER) for op in cmp.ops):
+                continue
+            operands = [cmp.left, *cmp.comparators]
+            if any(any(_is_clock_call(n) for n in ast.walk(o)) or mentions(o, elapsed) for o in operands):
+                found.append((node.lineno, f"{filename}:{node.lineno}: assert {ast.unparse(node.test)}"))
+                break
+    return [line for _, line in sorted(found)]
+
+
+def test_no_test_asserts_on_elapsed_time():
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        found += elapsed_time_asserts(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == [], ("assert what the timing stood for (an event, an order, a count, the error a "
+                         "bound raised), or measure it in benchmarks/:\n" + "\n".join(found))
+
+
+def test_the_elapsed_time_check_sees_each_old_pattern_and_spares_safety_bounds_and_orders():
+    source = '''
+import time
+from time import perf_counter
+
+def test_took():
+    t0 = time.monotonic()
+    run(timeout=30)
+    took = time.monotonic() - t0
+    assert took < 2.0, f"waited {took:.1f} s"
+
+def test_inline():
+    start = time.monotonic()
+    run()
+    assert time.monotonic() - start < 20
+
+def test_from_import():
+    t0 = perf_counter()
+    assert perf_counter() - t0 < 1
+
+def test_returned_from_a_coroutine():
+    async def main():
+        t0 = time.monotonic()
+        asked = time.monotonic() - t0
+        return "x", asked
+    served, asked = asyncio.run(main())
+    assert asked + 0.2 <= 5.0
+
+def test_a_deadline_asserted():
+    deadline = time.monotonic() + 5
+    while not ready():
+        assert time.monotonic() < deadline
+    spent = time.time() - begun
+    margin = spent * 2
+    assert 0 < margin
+
+def allowed(client):
+    deadline = time.monotonic() + 60  # a poll with a deadline: no assert on it
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.time()
+    a, b = span()
+    assert a < started <= b  # an order of events, timestamps only
+    assert stats["seconds"] > 0 and len(done) >= 2
+    assert took == "ok"  # not an order comparison
+    fut.result(timeout=30)
+'''
+    found = elapsed_time_asserts(source, "t.py")
+    assert [line.split(": ", 1)[0] for line in found] == ["t.py:9", "t.py:14", "t.py:18", "t.py:26", "t.py:31", "t.py:34"], found
+    assert found[0] == "t.py:9: assert took < 2.0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from graph.errors import RunError
 from graph.run.executor import execute
 from pipelines import Pipeline, grid
 from tests import steps
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,13 +32,13 @@ DASK = str(Path(sys.executable).with_name("dask"))
 
 
 def _wait_for(path: Path, seconds: float) -> dict:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def written() -> dict | None:
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
-            time.sleep(0.1)
-    raise TimeoutError(f"no scheduler file at {path} after {seconds} s")
+            return None
+
+    return wait_for(written, timeout=seconds, what=f"a scheduler file at {path}", interval=0.1)
 
 
 @pytest.fixture
@@ -67,14 +69,14 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
     address, sched = separate_scheduler
     stall = 5.0  # the scheduler answers within it on a loaded machine, before it is stopped
     node = Pipeline("silent").source(steps.source).explore("a", grid(steps.sleep_then, seconds=[0.5 + i / 100 for i in range(12)])).choose("x")
-    stopped: list[float] = []
+    stopped = threading.Event()
 
     def stop_the_scheduler_mid_run(driver):
         def watch():
             while driver.state.progress()["tasks_done"] < 3:  # a few results are in: mid-run
                 time.sleep(0.05)
             os.kill(sched.pid, signal.SIGSTOP)
-            stopped.append(time.monotonic())
+            stopped.set()
 
         t = threading.Thread(target=watch, daemon=True)
         t.start()
@@ -84,13 +86,14 @@ def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_sc
     try:
         with pytest.raises(RunError) as info:
             execute(graph.compile(node), client, progress=False, stall_timeout=stall, on_driver=stop_the_scheduler_mid_run)
-        assert stopped, f"the run ended before the scheduler was stopped: {info.value}"
-        took = time.monotonic() - stopped[0]
-        print(f"\nthe run ended {took:.1f} s after the scheduler was stopped (stall_timeout={stall:g})")
+        assert stopped.is_set(), f"the run ended before the scheduler was stopped: {info.value}"
         msg = str(info.value)
+        # ended by the watchdog's silent-scheduler rule (the module's 180 s timeout turns a hang into
+        # a failure), once the silence reached stall_timeout, not before
         assert "has not answered for" in msg and address in msg and "stall_timeout" in msg
         assert "\n" not in msg
-        assert took < stall + 30, f"the run took {took:.0f} s to end after the scheduler stopped"
+        silent = re.search(r"has not answered for (\d+) s", msg)
+        assert silent and int(silent.group(1)) >= stall, msg
         assert set(info.value.table["status"]) <= {"cancelled", "dropped", "ok"}
     finally:
         os.kill(sched.pid, signal.SIGCONT)

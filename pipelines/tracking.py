@@ -111,6 +111,9 @@ def tracking_option(tracking: Any) -> MLflow | None:
             f"tracking={tracking!r}: expected an MLflow tracking URI (e.g. 'http://127.0.0.1:5000'), True "
             "(MLflow's default, $MLFLOW_TRACKING_URI) or pipelines.tracking.MLflow(uri, experiment=...)"
         )
+    if spec.uri is not None and not (isinstance(spec.uri, str) and spec.uri.strip()):
+        raise PipelineError(f"MLflow(uri={spec.uri!r}): expected a tracking URI such as 'http://127.0.0.1:5000', or None "
+                            "(MLflow's default, $MLFLOW_TRACKING_URI)")
     if not isinstance(spec.experiment, str) or not spec.experiment:
         raise PipelineError(f"MLflow(experiment={spec.experiment!r}): the experiment's name must be a non-empty string")
     if not isinstance(spec.timeout, numbers.Real) or not spec.timeout > 0:
@@ -209,7 +212,7 @@ def _text(v: Any, limit: int = 500) -> str:
 def _error_line(error: Any) -> str | None:
     """The error as one line, ``Type: message`` (a traceback's last line), at most 5000 characters.
 
-    >>> _error_line("ValueError: c=3 is not allowed\nsee the docs")
+    >>> _error_line("ValueError: c=3 is not allowed\\nsee the docs")
     'ValueError: c=3 is not allowed'
     """
     if not isinstance(error, str) or not error.strip():
@@ -312,17 +315,27 @@ class Tracker:
             return
         self._warn_if_failed()
         for j in sorted(self.pending):
-            status = state.status(j)
-            if status == "running":
-                self.started.setdefault(j, _now_ms())
-            if status in ("waiting", "running", "done"):
-                continue
-            row = state.row(j)
-            if status == "ok" and any(m is None for _, m in row.metrics):
-                continue  # its value is in, its metric is on its way
-            self.pending.discard(j)
-            self._log_branch(j, self._record_of_row(row, state))
+            record = self._finished(state, j)
+            if record is not None:
+                self.pending.discard(j)
+                self._log_branch(j, record)
         self.next_tick = time.monotonic() + max(TICK, 20 * (time.monotonic() - now))  # a big run: looked at less often
+
+    def _finished(self, state: Any, j: int) -> dict | None:
+        """Branch ``j``'s record if it has finished (nothing of it runs any more), else ``None``."""
+        status = state.status(j)
+        if status == "running":
+            self.started.setdefault(j, _now_ms())
+        if status in ("waiting", "running"):
+            return None
+        row = state.row(j)
+        if status == "done":  # its metrics are in, its choose has not decided: finished if it ends there
+            if not _ends_at_its_choose(state, row.branch):
+                return None  # steps after the choose are still to run
+            row.status = "done"  # (state.row reads a live status as the run's end would); final at the end
+        elif status == "ok" and any(m is None for _, m in row.metrics):
+            return None  # its value is in, its metric is on its way
+        return self._record_of_row(row, state)
 
     def _record_of_row(self, row: Any, state: Any) -> dict:
         from graph.report.table import choice_columns
@@ -483,15 +496,16 @@ class Tracker:
         does the parent, with the error's last line."""
         state = self.state  # the driver's thread is done with it
         for j in sorted(self.pending or ()):
-            record = self._record_of_row(state.row(j), state)
-            if state.status(j) in ("waiting", "running", "done"):  # unfinished: ends as the run did
+            record = self._finished(state, j)
+            if record is None:  # unfinished: ends as the run did
+                record = self._record_of_row(state.row(j), state)
                 record["status"] = "cancelled"
                 self._log_branch(j, record, end=status)
             else:
                 self._log_branch(j, record)
         if self.pending is not None:
             self.pending.clear()
-        tags = {"error": _error_line(f"{type(exc).__name__}: {exc}") or type(exc).__name__}
+        tags = {"error": _error_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)}
         self.sender.put(self._set_tags, None, tags)
         self.sender.put(self._terminate, None, status)
 
@@ -508,10 +522,18 @@ class Tracker:
         self.warned = True
         where = self.spec.uri or "MLflow's default tracking URI"
         warnings.warn_explicit(  # one line: no source line of Quiver's to show
-            f"MLflow tracking at {where} failed ({type(error).__name__}: {_text(_error_line(str(error)) or '', 300)}); "
+            f"MLflow tracking at {where} failed ({type(error).__name__}: {_text(_error_line(str(error)) or '', 200)}); "
             "the exploration went on without it (what was logged before stays)",
             TrackingWarning, filename="quiver", lineno=0,
         )
+
+
+def _ends_at_its_choose(state: Any, branch: Any) -> bool:
+    """Whether ``branch``'s value is the one its last choose ranks (nothing runs after it)."""
+    if not branch.gates:
+        return False
+    ci, i = branch.gates[-1]
+    return state.c.chooses[ci].inputs[i].key == branch.key
 
 
 #: the table's columns that are not a branch's metrics

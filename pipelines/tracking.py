@@ -338,8 +338,6 @@ class Tracker:
         return self._record_of_row(row, state)
 
     def _record_of_row(self, row: Any, state: Any) -> dict:
-        from graph.report.table import choice_columns
-
         metrics = {state.c.chooses[ci].spec.metric_name: m for ci, m in row.metrics if m is not None}
         for k, v in (row.scalars or {}).items():
             metrics.setdefault(k, v)
@@ -528,6 +526,24 @@ class Tracker:
         )
 
 
+def choice_columns(branch: Any) -> dict[str, Any]:
+    """A branch's choices as the table names its columns: ``{explore: label, "explore.param": value}``
+    (a callable by its name).
+
+    >>> from graph.compiling.compiler import Branch
+    >>> choice_columns(Branch(choice_items=(("model", "svc", (("C", 10),)),), key="k", lineage=()))
+    {'model': 'svc', 'model.C': 10}
+    """
+    from graph.spec import fn_name
+
+    out: dict[str, Any] = {}
+    for name, label, params in branch.choice_items:
+        out[name] = label
+        for p, v in params:
+            out[f"{name}.{p}"] = fn_name(v) if callable(v) else v
+    return out
+
+
 def _ends_at_its_choose(state: Any, branch: Any) -> bool:
     """Whether ``branch``'s value is the one its last choose ranks (nothing runs after it)."""
     if not branch.gates:
@@ -542,8 +558,6 @@ _NOT_METRICS = frozenset({"status", "seconds", "chosen", "error", "error_kind", 
 
 def _record_of_table(table: Any, j: int, branches: list, history: list | None) -> dict:
     """Branch ``j``'s record from the final table (a branch not logged while the run went)."""
-    from graph.report.table import choice_columns
-
     row = table.iloc[j]
     params = choice_columns(branches[j]) if j < len(branches) else {}
     skip = set(params) | _NOT_METRICS | {"retries"}
@@ -555,8 +569,6 @@ def _record_of_table(table: Any, j: int, branches: list, history: list | None) -
 
 
 def _param_columns(branches: list, j: int) -> set:
-    from graph.report.table import choice_columns
-
     return set(choice_columns(branches[j])) if j < len(branches) else set()
 
 

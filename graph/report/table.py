@@ -24,7 +24,7 @@ from ..state.failures import failure_kind
 from ..state.ranking import sort_key
 from ..state.rows import RowState
 
-__all__ = ["History", "branch_seconds", "build_table", "choice_columns", "import_table_library"]
+__all__ = ["History", "branch_seconds", "build_table", "import_table_library"]
 
 
 def branch_seconds(lineages: list, seconds: Mapping[str, float]) -> list[float]:
@@ -41,22 +41,6 @@ def branch_seconds(lineages: list, seconds: Mapping[str, float]) -> list[float]:
         for k in set(lineage):
             sharing[k] = sharing.get(k, 0) + 1
     return [sum(seconds.get(k, 0.0) / sharing[k] for k in set(lineage)) for lineage in lineages]
-
-
-def choice_columns(branch: Any) -> dict[str, Any]:
-    """A branch's choices as the table's columns: ``{explore name: label}`` and
-    ``{"<explore>.<param>": value}`` (a callable shown by its name, as a model factory).
-
-    >>> from graph.compiling.compiler import Branch
-    >>> choice_columns(Branch(choice_items=(("model", "svc", (("C", 10),)),), key="k", lineage=()))
-    {'model': 'svc', 'model.C': 10}
-    """
-    out: dict[str, Any] = {}
-    for name, label, params in branch.choice_items:
-        out[name] = label
-        for p, v in params:
-            out[f"{name}.{p}"] = fn_name(v) if callable(v) else v
-    return out
 
 
 class History(list):
@@ -107,7 +91,10 @@ def build_table(
     for r, spent in zip(rows, share):
         rec: dict[str, Any] = {n: None for n in names}
         rec.update({c: None for c in param_cols})
-        rec.update(choice_columns(r.branch))
+        for name, label, params in r.branch.choice_items:
+            rec[name] = label
+            for p, v in params:
+                rec[f"{name}.{p}"] = fn_name(v) if callable(v) else v  # a model factory shows as its name
         for ci, m in r.metrics:
             rec[compiled.chooses[ci].spec.metric_name] = m
         value = values.get(r.branch.key) if r.has_value else None

@@ -198,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep step results in DIR across runs (keyed by code, parameters and inputs): a rerun "
         "computes only what is new or changed. DIR must be visible to every worker (shared filesystem across hosts)",
     )
+    run.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="log the exploration to MLflow at URI (e.g. http://127.0.0.1:5000): a parent run, a child run per "
+        "branch as it finishes (needs pip install 'quiver[mlflow]')",
+    )
+    run.add_argument("--mlflow-experiment", default="quiver", metavar="NAME",
+                     help="with --mlflow-uri: the MLflow experiment (default quiver; created when missing)")
     return parser
 
 
@@ -288,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
             "--memory-limit and --threads-per-worker configure the embedded cluster only; an existing "
             "cluster's workers keep their own (use --memory-budget to plan a run within a budget there)"
         )
+    tracking = None
+    if args.mlflow_uri is not None:  # checked before the file loads: MLflow installed, a URI
+        from .tracking import MLflow, tracking_option
+
+        try:
+            tracking = tracking_option(MLflow(args.mlflow_uri, experiment=args.mlflow_experiment))
+        except PipelineError as exc:
+            parser.error(str(exc))
     if args.branch_limit is not None:  # read when the file builds its pipeline (graph.spec.branch_limit)
         import os
 
@@ -307,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             store=args.store,
             on_metric_error="continue" if args.keep_going else "stop",
             stall_timeout=args.stall_timeout,
+            tracking=tracking,
         )
     except (CLIError, PipelineError, RunError, OSError) as exc:
         message = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)  # e.g. no scheduler

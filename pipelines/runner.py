@@ -28,9 +28,19 @@ def run_node(
     stall_timeout: float | None = None,
     pack: bool = True,
     compute_value: bool = False,
+    tracking: Any = None,
+    on_driver: Any = None,
 ) -> Result:
     """Run ``node``'s exploration: refuse bad options and definitions before a cluster starts,
-    then connect, prepare the cluster, execute, and wrap the record in a :class:`Result`."""
+    then connect, prepare the cluster, execute, and wrap the record in a :class:`Result`.
+    ``tracking``: log it to MLflow (:mod:`pipelines.tracking`); ``on_driver``: as
+    ``graph.run.executor.execute``'s."""
+    if tracking is not None and tracking is not False:  # an MLflow run per branch, as each finishes
+        options = {k: v for k, v in locals().items() if k not in ("node", "client", "tracking", "on_driver")}
+        from .tracking import Tracker
+
+        with Tracker(tracking, node, memory_budget=memory_budget) as tracker:  # an error: the runs end FAILED/KILLED
+            return tracker.finish(run_node(node, client, **options, on_driver=tracker.watcher(on_driver)))
     import contextlib
     import time
 
@@ -96,6 +106,7 @@ def run_node(
                     stall_timeout=stall_timeout,
                     on_metric_error=on_metric_error,
                     compute_value=compute_value,
+                    on_driver=on_driver,
                 )
             except graph.RunError as exc:
                 exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches

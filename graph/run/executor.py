@@ -197,6 +197,9 @@ class ExplorationDriver:
         self._last_read = float("-inf")  # time.monotonic() of the last read's start
         self.reads: list[tuple[float, int]] = []  # (time.monotonic(), metrics) of each metric read started
         self._inbox = _Inbox(self.events)  # lives on the client's loop
+        #: called with the state machine on the driver's thread after each batch of events and each
+        #: idle poll (cheap calls only: e.g. pipelines/tracking.py notes the branches that finished)
+        self.listeners: list[Callable[[ExplorationState], None]] = []
 
     def open_reports(self) -> None:
         """Listen to the run's iterative steps (``graph.tasks.iterative.ReportChannel``): each
@@ -442,6 +445,8 @@ class ExplorationDriver:
         if self.publisher is not None and (force or self.publisher.due()):
             self.publisher.update(self.state.changes(), p["tasks_done"], force)
         self.progress.update(**p, force=force)
+        for listener in self.listeners:
+            listener(self.state)
 
 
 def _busy_fraction(driver: ExplorationDriver, snap: dict, threads: int) -> float | None:

@@ -1016,31 +1016,32 @@ class ExplorationState:
 
     def rows(self) -> list[RowState]:
         """Every output branch's final record for the table."""
-        rows = []
-        for j, tip in enumerate(self.output_tips):
-            b = tip.t.branch
-            gate_tips = [self.choose_tip[g] for g in b.gates]
-            failed = self._failure(j)
-            status = self.status(j)
-            history = self.branch_history(j)
-            status = end_status(status, self.aborted is not None)
-            rows.append(
-                RowState(
-                    branch=b,
-                    status=status,
-                    chosen=self.chosen(j, status),
-                    metrics=[(g[0], t.metric) for g, t in zip(b.gates, gate_tips)],
-                    scalars={k: v for t in gate_tips for k, v in (t.scalars or {}).items()},
-                    error=failed.error if failed else None,
-                    traceback=failed.traceback if failed else None,
-                    failed_step=failed.failed_step if failed else None,
-                    has_value=tip.state == DONE,
-                    iterations=len(history) if self.iterative else None,
-                    history=history,
-                    pruned_at=self.pruned_iteration(j),
-                )
-            )
-        return rows
+        return [self.row(j) for j in range(len(self.output_tips))]
+
+    def row(self, j: int) -> RowState:
+        """Output branch ``j``'s record now (final once its status is not live: what a tracker
+        logs as each branch finishes, ``pipelines/tracking.py``)."""
+        tip = self.output_tips[j]
+        b = tip.t.branch
+        gate_tips = [self.choose_tip[g] for g in b.gates]
+        failed = self._failure(j)
+        status = self.status(j)
+        history = self.branch_history(j)
+        status = end_status(status, self.aborted is not None)
+        return RowState(
+            branch=b,
+            status=status,
+            chosen=self.chosen(j, status),
+            metrics=[(g[0], t.metric) for g, t in zip(b.gates, gate_tips)],
+            scalars={k: v for t in gate_tips for k, v in (t.scalars or {}).items()},
+            error=failed.error if failed else None,
+            traceback=failed.traceback if failed else None,
+            failed_step=failed.failed_step if failed else None,
+            has_value=tip.state == DONE,
+            iterations=len(history) if self.iterative else None,
+            history=history,
+            pruned_at=self.pruned_iteration(j),
+        )
 
 
 def runs_iterative(task: Any) -> bool:

@@ -120,7 +120,7 @@ class Evaluator:
                 lines.listen(client)
                 stack.callback(lines.stop)
             result = node.run(client, progress=s.progress, store=s.store, memory_budget=s.memory_budget,
-                              quiet=not s.verbose, raise_if_all_failed=False)
+                              quiet=not s.verbose, raise_if_all_failed=False, tracking=getattr(s, "tracking", None))
         self.runs.append(result)
         branches = (result.compiled or node.compile()).branches
         try:

@@ -8,8 +8,10 @@ scikit-learn's own code for ``cv_results_``, fit-failure warnings and the refit.
 
 Quiver's own arguments: ``client`` (a ``distributed.Client``, a scheduler address, or
 ``None`` for an embedded ``LocalCluster`` per fit), ``memory_budget`` (e.g. ``"2 GiB"``),
-``store`` (a result-store directory: a rerun loads every fold fit it has already done) and
-``progress``.  ``n_jobs`` and ``pre_dispatch`` are accepted and ignored: the cluster's
+``store`` (a result-store directory: a rerun loads every fold fit it has already done),
+``progress`` and ``tracking`` (an MLflow tracking URI or ``pipelines.tracking.MLflow``: each
+Quiver run is a parent run, each candidate a child run; :mod:`pipelines.tracking`).
+``n_jobs`` and ``pre_dispatch`` are accepted and ignored: the cluster's
 workers are the parallelism.  ``HalvingGridSearchCV`` / ``HalvingRandomSearchCV`` run
 scikit-learn's own successive halving, each iteration one Quiver run over the surviving
 candidates with that iteration's resource.  What is identical to scikit-learn and what
@@ -45,7 +47,7 @@ from .evaluate import Evaluator
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV"]
 
 _QUIVER_CONSTRAINTS = {"client": "no_validation", "memory_budget": "no_validation", "store": "no_validation",
-                       "progress": ["boolean", None]}
+                       "progress": ["boolean", None], "tracking": "no_validation"}
 
 
 def _scheduler_address(client: Any) -> str | None:
@@ -168,6 +170,7 @@ class GridSearchCV(_QuiverSearch, _ms.GridSearchCV):
         memory_budget=None,
         store=None,
         progress=None,
+        tracking=None,
     ):
         super().__init__(
             estimator,
@@ -185,6 +188,7 @@ class GridSearchCV(_QuiverSearch, _ms.GridSearchCV):
         self.memory_budget = memory_budget
         self.store = store
         self.progress = progress
+        self.tracking = tracking
 
 
 class RandomizedSearchCV(_QuiverSearch, _ms.RandomizedSearchCV):
@@ -216,6 +220,7 @@ class RandomizedSearchCV(_QuiverSearch, _ms.RandomizedSearchCV):
         memory_budget=None,
         store=None,
         progress=None,
+        tracking=None,
     ):
         super().__init__(
             estimator,
@@ -235,6 +240,7 @@ class RandomizedSearchCV(_QuiverSearch, _ms.RandomizedSearchCV):
         self.memory_budget = memory_budget
         self.store = store
         self.progress = progress
+        self.tracking = tracking
 
 
 class _QuiverHalving(_QuiverSearch):
@@ -289,6 +295,7 @@ class HalvingGridSearchCV(_QuiverHalving, _SkHalvingGrid):
         memory_budget=None,
         store=None,
         progress=None,
+        tracking=None,
     ):
         super().__init__(
             estimator,
@@ -311,6 +318,7 @@ class HalvingGridSearchCV(_QuiverHalving, _SkHalvingGrid):
         self.memory_budget = memory_budget
         self.store = store
         self.progress = progress
+        self.tracking = tracking
 
 
 class HalvingRandomSearchCV(_QuiverHalving, _SkHalvingRandom):
@@ -346,6 +354,7 @@ class HalvingRandomSearchCV(_QuiverHalving, _SkHalvingRandom):
         memory_budget=None,
         store=None,
         progress=None,
+        tracking=None,
     ):
         super().__init__(
             estimator,
@@ -369,3 +378,4 @@ class HalvingRandomSearchCV(_QuiverHalving, _SkHalvingRandom):
         self.memory_budget = memory_budget
         self.store = store
         self.progress = progress
+        self.tracking = tracking

@@ -14,11 +14,36 @@ import dask
 import pytest
 import zict
 from distributed import Worker
-from distributed.utils_test import gen_cluster, inc
+from distributed.utils_test import inc
 
 from graph import _dask as fence
 
-_GATE = threading.Event()  # in-process workers (gen_cluster): a task waits on it
+def in_cluster(nthreads: list[int] | None = None, client: bool = True):
+    """Run the decorated ``async def test(c, s, *workers)`` on an in-process scheduler and
+    workers of its own (not ``gen_cluster``: its leak checks fail on the clusters other tests keep)."""
+    import asyncio
+    import contextlib
+    from distributed import Client, Scheduler
+
+    def wrap(fn):
+        def test():
+            async def main():
+                async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s, \
+                        contextlib.AsyncExitStack() as stack:
+                    ws = [await stack.enter_async_context(Worker(s.address, nthreads=n)) for n in (nthreads or [])]
+                    async with Client(s.address, asynchronous=True) as c:
+                        await asyncio.wait_for(fn(c, s, *ws), 60)
+
+            asyncio.run(main())
+
+        test.__name__ = test.__qualname__ = fn.__name__  # not functools.wraps: pytest would read fn's arguments
+        test.__doc__ = fn.__doc__
+        return test
+
+    return wrap
+
+
+_GATE = threading.Event()  # in-process workers (in_cluster): a task waits on it
 
 
 def _blocked() -> bool:
@@ -73,7 +98,7 @@ def test_canary_forget_run_spec():
     assert ts.run_spec is None
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_future_status_change(c, s, a):
     fut = c.submit(inc, 1)
     while fut.status == "pending":
@@ -81,13 +106,13 @@ async def test_canary_future_status_change(c, s, a):
     assert fut.status == "finished"
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_prefix_duration(c, s, a):
     await c.submit(inc, 1, key="inc-1")
     assert isinstance(fence.prefix_duration(s, s.tasks["inc-1"].prefix), float)
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+@in_cluster([1, 1])
 async def test_canary_acquire_replicas(c, s, a, b):
     fut = c.submit(inc, 1, workers=[a.address], key="held")
     await fut
@@ -97,7 +122,7 @@ async def test_canary_acquire_replicas(c, s, a, b):
     assert {ws.address for ws in s.tasks["held"].who_has} == {a.address, b.address}
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+@in_cluster([1, 1])
 async def test_canary_move_queued_task(c, s, a, b):
     import asyncio
 
@@ -121,7 +146,7 @@ def test_canary_bokeh_prefix():
     assert fence.bokeh_prefix(BokehTornado({}, prefix="quiver")).strip("/") == "quiver"
 
 
-@gen_cluster(client=True, nthreads=[])
+@in_cluster([])
 async def test_canary_worker_with_hooks(c, s):
     asked, statuses = [], []
     cls = fence.worker_with_hooks(Worker, lambda w: asked.append(w.address), lambda w, st: statuses.append(st))
@@ -135,7 +160,7 @@ async def test_canary_worker_with_hooks(c, s):
             await asyncio.sleep(0.01)
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_stop_new_tasks(c, s, a):
     from distributed.core import Status
 
@@ -143,7 +168,7 @@ async def test_canary_stop_new_tasks(c, s, a):
     assert a.status == Status.closing_gracefully
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_executing_keys(c, s, a):
     import asyncio
 
@@ -156,13 +181,13 @@ async def test_canary_executing_keys(c, s, a):
     await fut
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_refuse_transfers(c, s, a):
     fence.refuse_transfers(a)
     assert a.transfer_outgoing_count_limit == 0
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@in_cluster([1])
 async def test_canary_transfers_out(c, s, a):
     assert fence.transfers_out(a) == 0
 

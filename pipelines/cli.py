@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
     run.add_argument("--order", choices=ORDERS, default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument("--verbose", action="store_true",
+                     help="show every line Dask logs (INFO and up), as Dask prints them; by default its "
+                     "warnings are shown once each and repeats counted (dask config quiver.dask-logs)")
     run.add_argument(
         "--keep-going",
         action="store_true",
@@ -309,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ["QUIVER_BRANCH_LIMIT"] = str(args.branch_limit)
     node = None
+    if getattr(args, "verbose", False):  # Dask's own logs, all of them (graph.report.logdigest.dask_logs)
+        import logging
+
+        import dask
+
+        dask.config.set({"quiver.dask-logs": "all"})
+        logging.getLogger("distributed").setLevel(logging.INFO)
     try:
         node = load_node(args.file, args.node)
         result = node.run(

@@ -61,7 +61,10 @@ def run_node(
     cluster_info: dict = {}
     modules = step_modules(compiled)  # what the steps import: preloaded by new workers, then warmed up
     bridge = client is None and _bridged(compiled, modules)  # connect() leaves budgeted runs out
-    with contextlib.ExitStack() as stack:
+    from graph.report.logdigest import digested_dask_logs
+
+    # Dask's own warnings in this process: once each, repeats counted (quiver run --verbose: all)
+    with digested_dask_logs(), contextlib.ExitStack() as stack:
         clock = time.perf_counter()
         c = stack.enter_context(connect(
             client,

@@ -308,9 +308,9 @@ def _start_embedded(kwargs: dict, memory_budget: Any, preload: Any = (), info: d
         from ..dashboard import ensure_dashboard
 
         ensure_dashboard(c)  # Quiver's dashboard pages exist before the first run starts
-        from ..report.logdigest import ErrorDigestPlugin
+        from ..report.logdigest import ErrorDigestPlugin, dask_logs
 
-        answered(c.register_plugin, ErrorDigestPlugin(), what="registering the error digest")  # one log line per kind of task error, with a count
+        answered(c.register_plugin, ErrorDigestPlugin(summary=dask_logs() == "summary"), what="registering the error digest")  # one log line per kind of task error, with a count
         from .heartbeats import QuietClosePlugin
 
         answered(c.register_plugin, QuietClosePlugin(), what="registering the quiet-close plugin")  # no heartbeat races a worker's close (its traceback)

@@ -27,15 +27,17 @@ logs the counts as one line per kind every few seconds and when the worker close
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..keys import step_name
 
-__all__ = ["ComputeFailedDigest", "ErrorDigestPlugin"]
+__all__ = ["ComputeFailedDigest", "ErrorDigestPlugin", "WarningDigest", "dask_logs", "digested_dask_logs"]
 
 logger = logging.getLogger("distributed.worker")
 
@@ -82,13 +84,97 @@ class ComputeFailedDigest(logging.Filter):
         return lines
 
 
+class WarningDigest(logging.Filter):
+    """A filter for the handlers of Dask's ``distributed`` logger: the first record of each kind
+    (its logger and message template) passes, the same again is counted, and :meth:`flush` gives
+    one line per kind that came again (issue 44: Dask's own warnings shown once, summarised).
+
+    >>> d = WarningDigest()
+    >>> def rec(n):
+    ...     return logging.LogRecord("distributed.worker.memory", logging.WARNING, "", 0,
+    ...                              "Unmanaged memory use is high (%d MiB)", (n,), None)
+    >>> [d.filter(rec(n)) for n in (700, 710, 720)]
+    [True, False, False]
+    >>> d.flush()
+    ["distributed.worker.memory: 'Unmanaged memory use is high (%d MiB)' 2 more time(s) (3 in all; the first shown above)"]
+    >>> d.flush(), d.filter(logging.LogRecord("distributed.core", logging.INFO, "", 0, "fine", (), None))
+    ([], True)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.reported: dict[tuple[str, str], int] = {}
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith("distributed"):
+            return True
+        kind = (record.name, str(record.msg).splitlines()[0] if record.msg else "")
+        with self.lock:
+            n = self.counts[kind] = self.counts.get(kind, 0) + 1
+            if n == 1:
+                self.reported[kind] = 1
+            return n == 1
+
+    def flush(self) -> list[str]:
+        """One line per kind that came again since the last flush."""
+        lines = []
+        with self.lock:
+            for kind, n in self.counts.items():
+                if n > self.reported.get(kind, 0):
+                    lines.append(f"{kind[0]}: {kind[1]!r} {n - self.reported[kind]} more time(s) ({n} in all; "
+                                 "the first shown above)")
+                    self.reported[kind] = n
+        return lines
+
+
+def dask_logs() -> str:
+    """``"summary"`` (the default: Dask's warnings once each, repeats counted) or ``"all"`` (every
+    record as Dask logs it; ``quiver run --verbose``): dask config ``quiver.dask-logs``."""
+    import dask
+
+    value = dask.config.get("quiver.dask-logs", default="summary")
+    if value not in ("summary", "all"):
+        raise ValueError(f"dask config quiver.dask-logs must be 'summary' or 'all', got {value!r}: "
+                         "e.g. dask.config.set({'quiver.dask-logs': 'all'}) to see every Dask log line")
+    return value
+
+
+def _handlers() -> list[logging.Handler]:
+    return [h for name in ("distributed", "") for h in logging.getLogger(name).handlers]
+
+
+@contextlib.contextmanager
+def digested_dask_logs() -> Iterator[WarningDigest | None]:
+    """While open, this process's Dask warnings are shown once each (a :class:`WarningDigest` on the
+    handlers of the ``distributed`` logger and the root); at the close one line per repeated kind.
+    Nothing changes when :func:`dask_logs` is ``"all"``."""
+    if dask_logs() == "all":
+        yield None
+        return
+    digest = WarningDigest()
+    handlers = _handlers()
+    for h in handlers:
+        h.addFilter(digest)
+    try:
+        yield digest
+    finally:
+        for h in handlers:
+            h.removeFilter(digest)
+        for line in digest.flush():
+            logging.getLogger("distributed").warning("%s", line)
+
+
 class ErrorDigestPlugin(WorkerPlugin):
     """Install a :class:`ComputeFailedDigest` on a worker; log its counts every ``interval`` seconds."""
 
     name = "quiver-error-digest"
 
-    def __init__(self, interval: float = 2.0):
+    def __init__(self, interval: float = 2.0, summary: bool = True):
         self.interval = interval
+        self.summary = summary  # dask_logs() == "summary" in the client's process
+        self.warnings: WarningDigest | None = None
         self.digest: ComputeFailedDigest | None = None
         self._callback: Any = None
 
@@ -97,6 +183,9 @@ class ErrorDigestPlugin(WorkerPlugin):
 
         self.digest = ComputeFailedDigest()
         logger.addFilter(self.digest)
+        self.warnings = WarningDigest() if self.summary else None  # Dask's own warnings on this worker, once each
+        for h in _handlers() if self.warnings is not None else ():
+            h.addFilter(self.warnings)
         self._callback = PeriodicCallback(self._flush, self.interval * 1000)
         self._callback.start()
 
@@ -104,6 +193,9 @@ class ErrorDigestPlugin(WorkerPlugin):
         if self.digest is not None:
             for line in self.digest.flush():
                 logger.error(line)
+        if self.warnings is not None:
+            for line in self.warnings.flush():
+                logger.warning(line)
 
     def teardown(self, worker: Any) -> None:
         if self._callback is not None:
@@ -112,3 +204,7 @@ class ErrorDigestPlugin(WorkerPlugin):
         if self.digest is not None:
             logger.removeFilter(self.digest)
             self.digest = None
+        if self.warnings is not None:
+            for h in _handlers():
+                h.removeFilter(self.warnings)
+            self.warnings = None

@@ -41,7 +41,7 @@ _LAZY = {
     "Branch": "graph.compiling.compiler",
     "CompiledPipeline": "graph.compiling.compiler",
     "RunRecord": "graph.run.executor",
-    "execute": "graph.run.executor",
+    "execute": ("graph.run.session", "run_compiled"),  # the one run path: everything Node.run gets
     "connect": "graph.cluster.connect",
     "QuiverDashboard": "graph.dashboard",
     "MemoryPlan": "graph.memory.plan",
@@ -80,5 +80,7 @@ def compile(node: Any):  # noqa: A001 - the contract name (docs/architecture.md 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        where = _LAZY[name]
+        module, attr = where if isinstance(where, tuple) else (where, name)
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'graph' has no attribute {name!r}")

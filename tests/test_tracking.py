@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 mlflow = pytest.importorskip("mlflow")
 
 from pipelines import Pipeline, RunError, grid, halving  # noqa: E402
@@ -53,17 +55,15 @@ def server(tmp_path_factory):
     )
     uri = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 120
-        while True:
+        def up() -> bool:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                    return r.status == 200
             except OSError:
-                pass
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.monotonic() < end, "mlflow server did not start in 120 s"
-            time.sleep(0.25)
+                return False
+
+        wait_for(up, timeout=120, what="the mlflow server's /health", interval=0.25)
         yield uri
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers

@@ -84,6 +84,8 @@ class RunRecord:
     compiled: CompiledPipeline | None = None
     memory_plan: Any = None
     run_id: str = ""  # the run's name on the scheduler (its dashboard page, its memory samples)
+    client: Any = None  # the cluster persisted collections live on (graph.run.session), else None
+    close: Any = None  # closes an embedded cluster kept open for them (Result.close), else None
 
 
 class _Stopped(Exception):

@@ -225,7 +225,8 @@ def _version() -> str:
         from importlib.metadata import version
 
         return version("quiver")
-    except Exception:  # recorded as "unknown": a source checkout that was never installed
+    except Exception as exc:  # recorded: a source checkout that was never installed is "unknown"
+        logger.debug("quiver's version is unknown here: %r", exc)
         return "unknown"
 
 
@@ -583,7 +584,8 @@ def _pipeline_name(node: Any) -> str:
 
     try:
         return pipeline_name(node.spec)
-    except Exception:  # recorded as a plain name: a node without a pipeline (never from the builder)
+    except Exception as exc:  # recorded: a node without a pipeline (never from the builder) is "quiver"
+        logger.debug("no pipeline name for the MLflow run: %r", exc)
         return "quiver"
 
 
@@ -596,8 +598,8 @@ def _describe(node: Any) -> str:
         names = explore_names(node.spec)
         if names:
             text += f"; explores: {', '.join(names)}"
-    except Exception:  # recorded: the description is only a text
-        pass
+    except Exception as exc:  # recorded: the description is only a text
+        logger.debug("no explore names for the MLflow description: %r", exc)
     return f"Quiver exploration: {text}"
 
 

@@ -515,3 +515,15 @@ def allowed(client):
     found = elapsed_time_asserts(source, "t.py")
     assert [line.split(": ", 1)[0] for line in found] == ["t.py:9", "t.py:14", "t.py:18", "t.py:26", "t.py:31", "t.py:34"], found
     assert found[0] == "t.py:9: assert took < 2.0"
+
+
+def test_the_architecture_pages_package_diagram_is_the_codes():
+    """docs/architecture.md §1's package diagram is generated from the imports (issue 45 item 5):
+    rerun ``python docs/package_diagram.py --write`` when this fails."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("package_diagram", ROOT / "docs" / "package_diagram.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert f"{module.BEGIN}\n{module.diagram()}\n{module.END}" in page

@@ -22,12 +22,14 @@ class RunError(RuntimeError):
     """A run could not produce any result (for example: every branch failed).
 
     Nothing is lost: ``table`` holds every branch with its status, error and
-    traceback, exactly as ``Result.table`` would have.
+    traceback, exactly as ``Result.table`` would have; ``story`` (when the state machine
+    ended the run) its last handlings, ``(stimulus id, events, instructions)``, oldest first.
     """
 
-    def __init__(self, message: str, table=None):
+    def __init__(self, message: str, table=None, story=None):
         super().__init__(message)
         self.table = table
+        self.story = list(story or [])
 
 
 class BranchFailureWarning(UserWarning):

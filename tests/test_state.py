@@ -433,3 +433,33 @@ def test_cost_per_event_does_not_grow_with_the_branches():
         return calls
 
     assert touched(50) == touched(500) <= 2
+
+
+def test_every_handling_is_in_the_story_with_its_stimulus_id_and_a_key_finds_its_own(simple):
+    """Issue 45 item 3: events carry a stimulus id; the machine keeps a bounded story a failed
+    run's error carries (``RunError.story``)."""
+    from graph.state import machine
+
+    c = simple
+    add1 = c.chooses[0].inputs[0].key
+    s = ExplorationState(c)
+    s.handle(Start(), stimulus_id="run-start")
+    s.handle(TaskFailed(add1, "ValueError: bad", "tb"), stimulus_id=f"{add1}-erred")
+    story = s.story()
+    assert [sid for sid, _, _ in story] == ["run-start", f"{add1}-erred"]
+    assert "TaskFailed" in story[1][1][0] and add1 in story[1][1][0]
+    assert [sid for sid, _, _ in s.story(add1)] == ["run-start", f"{add1}-erred"]  # its Submit, its failure
+    assert s.story("no-such-key") == []
+    s.handle()  # no stimulus id given: one is made
+    assert s.story()[-1][0] == f"settle-{len(story) + 1}"
+    assert machine.STORY_LENGTH >= 1000
+
+
+def test_the_story_is_bounded(simple, monkeypatch):
+    from graph.state import machine
+
+    monkeypatch.setattr(machine, "STORY_LENGTH", 3)
+    s = ExplorationState(simple)
+    for i in range(5):
+        s.handle(stimulus_id=f"s{i}")
+    assert [sid for sid, _, _ in s.story()] == ["s2", "s3", "s4"]

@@ -308,11 +308,11 @@ class ExplorationDriver:
         except Interrupted:
             reason = self._abort_reason or what
             if threading.get_ident() == self._owner:  # (a helper's own ask leaves the machine to the driver's thread)
-                self.apply(self._handle(Abort(reason)))  # raises _Stopped (Fail)
+                self.apply(self._handle(Abort(reason), stimulus_id=f"abort-{uuid.uuid4().hex[:8]}"))  # raises _Stopped (Fail)
             raise _Stopped(reason) from None
 
-    def _handle(self, *events: Any) -> list:
-        out = self.state.handle(*events)
+    def _handle(self, *events: Any, stimulus_id: str | None = None) -> list:
+        out = self.state.handle(*events, stimulus_id=stimulus_id)
         self.counts = self.state.counts()
         return out
 
@@ -320,7 +320,7 @@ class ExplorationDriver:
     def run(self, *, sample_first: bool = False) -> None:
         """Run to the end (``sample_first``: the first branch alone, then the rest after
         :meth:`resume`). Raises ``_Stopped`` when the state machine says ``Fail``."""
-        self.apply(self._handle(Start(first_only=sample_first)))
+        self.apply(self._handle(Start(first_only=sample_first), stimulus_id="run-start"))
         until = (lambda: self.state.sampled) if sample_first else (lambda: self.finished)
         while not until():
             try:
@@ -411,13 +411,16 @@ class ExplorationDriver:
                     logger.warning("quiver: %s", ins.message)
             elif isinstance(ins, Fail):
                 raise _Stopped(ins.message)
+            else:  # a new instruction the driver does not carry out is a bug, never skipped silently
+                raise TypeError(f"the driver has no handler for the state machine's instruction {ins!r} "
+                                "(graph/run/executor.py ExplorationDriver.apply)")
             if not todo and decided and self.budget is not None:
                 decided = False  # re-plan at most once per batch of decisions
                 replan = self.ask(self.budget.on_decision, self.state.decisions(), what="re-planning memory")
                 todo.extend(self._planned(replan))
 
     def _planned(self, droppable: frozenset | None) -> list:
-        return [] if droppable is None else self._handle(self._plan_event(droppable))
+        return [] if droppable is None else self._handle(self._plan_event(droppable), stimulus_id="memory-replan")
 
     def _plan_event(self, droppable: frozenset) -> MemoryPlanned:
         """The plan's decisions for the state machine: what it may drop, and whether its data fit."""
@@ -674,7 +677,7 @@ class _Run:
         rows = self.state.rows()
         table, _ = build_table(self.compiled, rows, {}, self.snap.get("seconds", {}))
         self.publisher.finish(rows, error=message, timeout=_left(self.deadline))
-        return RunError(message, table=table)
+        return RunError(message, table=table, story=self.state.story()[-50:])  # the machine's last steps
 
     def clean_up(self) -> None:
         _clean_up(self.driver, self.watcher, self.watch, self.sampler, self.budgeted, self.bar, self.client,
@@ -722,7 +725,7 @@ class _Run:
                 f"every branch failed ({len(rows)} of {len(rows)}); the first failed in step "
                 f"{first.failed_step!r} with {first.error}. See the .table attribute of this "
                 "error for each branch's error and traceback.",
-                table=table,
+                table=table, story=self.state.story()[-50:],
             )
         return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
                          compiled=self.compiled, memory_plan=self.budgeted.plan, run_id=self.run_id)

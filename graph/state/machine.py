@@ -28,7 +28,7 @@ machine with literal event sequences and random event orders.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from typing import Any
 
 from ..keys import original_key, recompute_key, step_name
@@ -96,6 +96,16 @@ class _Tip:
     @property
     def resolved(self) -> bool:
         return self.state in (DONE, FAILED)
+
+
+#: how many handlings :meth:`ExplorationState.story` keeps (a run's last ones: bounded memory)
+STORY_LENGTH = 5000
+
+
+def _told(item: Any) -> str:
+    """A short text of an event or instruction for the story (its type and fields, cut at 200)."""
+    text = repr(item)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class ExplorationState:
@@ -234,10 +244,45 @@ class ExplorationState:
         self._published: dict[int, tuple] = {}
         self._out: list = []
         self._answers: list = []  # rung answers, given after the batch's other instructions
+        self._story: deque = deque(maxlen=STORY_LENGTH)  # (stimulus id, events, instructions), newest last
+        self._stimuli = 0
 
     # ---- the entry point ------------------------------------------------------------------
-    def handle(self, *events: Any) -> list:
-        """Apply ``events`` in order, then settle: decide, open, submit, release. Returns the instructions."""
+    def handle(self, *events: Any, stimulus_id: str | None = None) -> list:
+        """Apply ``events`` in order, then settle: decide, open, submit, release. Returns the instructions.
+
+        ``stimulus_id`` names what caused the events (``distributed``'s word: the driver passes the
+        future's key and status, or the call that answered); each handling is kept in the bounded
+        :meth:`story` with the instructions it gave."""
+        self._stimuli += 1
+        stimulus = stimulus_id or f"{type(events[0]).__name__ if events else 'settle'}-{self._stimuli}"
+        out = self._handle(events)
+        self._story.append((stimulus, tuple(_told(ev) for ev in events), tuple(_told(ins) for ins in out)))
+        return out
+
+    def story(self, *keys: Any) -> list[tuple[str, tuple, tuple]]:
+        """``(stimulus id, events, instructions)`` of every kept handling that names one of ``keys``
+        (a task key or a step name), oldest first; all of them without ``keys``. Bounded: the last
+        :data:`STORY_LENGTH` handlings.
+
+        >>> import graph
+        >>> from graph.state.events import Start, TaskFailed
+        >>> from pipelines import Pipeline
+        >>> def load(): return 1
+        >>> s = ExplorationState(graph.compile(Pipeline("s").source(load)))
+        >>> _ = s.handle(Start(), stimulus_id="run-started")
+        >>> key = s.c.branches[0].key
+        >>> _ = s.handle(TaskFailed(key, "ValueError: bad", ""), stimulus_id=f"{key}-error")
+        >>> [sid for sid, _, _ in s.story(key)]
+        ['run-started', 'load-...-error']
+        """
+        wanted = {str(k) for k in keys}
+        if not wanted:
+            return list(self._story)
+        return [entry for entry in self._story
+                if any(w in text for w in wanted for part in entry[1:] for text in part)]
+
+    def _handle(self, events: tuple) -> list:
         self._out = []
         reports: list[Report] = []  # consecutive reports of distinct steps: ranked together
         steps: set[str] = set()  # their steps' keys

@@ -463,3 +463,27 @@ def test_the_story_is_bounded(simple, monkeypatch):
     for i in range(5):
         s.handle(stimulus_id=f"s{i}")
     assert [sid for sid, _, _ in s.story()] == ["s2", "s3", "s4"]
+
+
+def test_a_budgeted_run_is_told_when_to_replan_once_per_handling(simple):
+    """Issue 45 item 3: re-plans are the machine's instructions (Replan), paced by it: after the
+    first result, and once after a handling's choose decisions; none without a budget."""
+    from graph.state.events import ChooseDecided, MetricRead, Replan, TaskFinished
+
+    c = simple
+    src = c.chooses[0].inputs[0].lineage[0]
+    add1, add2 = c.chooses[0].inputs[0].key, c.chooses[0].inputs[1].key
+    m1, m2 = c.chooses[0].metric_keys
+    for planning in (False, True):
+        s = ExplorationState(c)
+        s.planning = planning
+        s.handle(Start())
+        s.handle(TaskFinished(src), TaskFinished(add1), TaskFinished(add2), TaskFinished(m1), TaskFinished(m2))
+        out = s.handle(MetricRead(m1, 1.0), MetricRead(m2, 2.0))
+        replans = [ins for ins in out if isinstance(ins, Replan)]
+        assert any(isinstance(ins, ChooseDecided) for ins in out)
+        if not planning:
+            assert replans == []
+        else:
+            assert replans == [Replan("first-result"), Replan("decision")]
+            assert out[-1] == Replan("decision")  # after the handling's other instructions

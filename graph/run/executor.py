@@ -54,6 +54,7 @@ from ..state import (
     MetricRead,
     MetricSent,
     Release,
+    Replan,
     Report,
     Start,
     Submit,
@@ -177,7 +178,7 @@ class ExplorationDriver:
         self.client = client
         self.progress = progress
         self.publisher = publisher
-        self.budget = budget
+        self.budget = budget  # (a property: the machine then says when to re-plan)
         self.depth_first = depth_first  # False: no priorities, Dask's own ordering (for comparison)
         self.placement = dict(placement or {})  # task -> worker: loose restrictions (graph.compiling.packing.place_packs)
         self.poll = poll
@@ -311,6 +312,17 @@ class ExplorationDriver:
                 self.apply(self._handle(Abort(reason), stimulus_id=f"abort-{uuid.uuid4().hex[:8]}"))  # raises _Stopped (Fail)
             raise _Stopped(reason) from None
 
+    @property
+    def budget(self) -> BudgetedRun | None:
+        """The run's memory budget (``None``: no planning); setting it tells the state machine to
+        say when to re-plan (``Replan`` instructions, ``ExplorationState.planning``)."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: BudgetedRun | None) -> None:
+        self._budget = budget
+        self.state.planning = budget is not None and getattr(budget, "budget", None) is not None
+
     def _handle(self, *events: Any, stimulus_id: str | None = None) -> list:
         out = self.state.handle(*events, stimulus_id=stimulus_id)
         self.counts = self.state.counts()
@@ -372,7 +384,6 @@ class ExplorationDriver:
     def apply(self, instructions: list) -> None:
         """Carry out the state machine's instructions (and feed back what they produce)."""
         todo = list(instructions)
-        decided = False
         while todo:
             ins = todo.pop(0)
             if isinstance(ins, Submit):
@@ -395,11 +406,13 @@ class ExplorationDriver:
                 if futs:
                     self.client.cancel(futs)
             elif isinstance(ins, ChooseDecided):
-                decided = True
+                pass  # the dashboard and the plan read decisions from the state (state.decisions())
             elif isinstance(ins, FirstResult):
                 self.first_result = time.perf_counter() - (self.started or time.perf_counter())
+            elif isinstance(ins, Replan):  # the machine decides when (graph.state.machine: paced once per handling)
                 if self.budget is not None:
-                    replan = self.ask(self.budget.on_first_result, self.state.decisions(), what="re-planning memory")
+                    how = self.budget.on_first_result if ins.why == "first-result" else self.budget.on_decision
+                    replan = self.ask(how, self.state.decisions(), what="re-planning memory")
                     todo.extend(self._planned(replan))
             elif isinstance(ins, Watch):  # Dask computes them again: their next outcome is the one
                 self._watch([self.futures[n] for n in ins.names if n in self.futures], ("pending", "lost"))
@@ -414,10 +427,6 @@ class ExplorationDriver:
             else:  # a new instruction the driver does not carry out is a bug, never skipped silently
                 raise TypeError(f"the driver has no handler for the state machine's instruction {ins!r} "
                                 "(graph/run/executor.py ExplorationDriver.apply)")
-            if not todo and decided and self.budget is not None:
-                decided = False  # re-plan at most once per batch of decisions
-                replan = self.ask(self.budget.on_decision, self.state.decisions(), what="re-planning memory")
-                todo.extend(self._planned(replan))
 
     def _planned(self, droppable: frozenset | None) -> list:
         return [] if droppable is None else self._handle(self._plan_event(droppable), stimulus_id="memory-replan")

@@ -42,6 +42,7 @@ __all__ = [
     "MetricRead",
     "MetricSent",
     "Release",
+    "Replan",
     "Report",
     "Start",
     "Submit",

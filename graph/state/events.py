@@ -39,6 +39,7 @@ __all__ = [
     "FirstResult",
     "Gather",
     "Release",
+    "Replan",
     "Submit",
     "Warn",
     "Watch",
@@ -223,3 +224,12 @@ class Fail:
 @dataclass(frozen=True)
 class Finished:
     """Every target is resolved or dead: the run is over."""
+
+
+@dataclass(frozen=True)
+class Replan:
+    """Re-plan the run's memory now (a run under a budget: ``ExplorationState.planning``).
+    ``why``: ``"first-result"`` (the first branch result is in) or ``"decision"`` (a choose
+    decided: at most one per handling, after its other instructions; the machine paces it)."""
+
+    why: str

@@ -45,6 +45,7 @@ from .events import (
     Fail,
     Finished,
     FirstResult,
+    Replan,
     Gather,
     MemoryPlanned,
     MetricRead,
@@ -244,6 +245,7 @@ class ExplorationState:
         self._published: dict[int, tuple] = {}
         self._out: list = []
         self._answers: list = []  # rung answers, given after the batch's other instructions
+        self.planning = False  # a run under a memory budget: Replan instructions (the driver sets it)
         self._story: deque = deque(maxlen=STORY_LENGTH)  # (stimulus id, events, instructions), newest last
         self._stimuli = 0
 
@@ -308,6 +310,16 @@ class ExplorationState:
         if self._answers:  # last: what a stop cancels (its metric read) is cancelled before the step can return
             out.extend(self._answers)
             self._answers = []
+        if self.planning:  # the memory plan follows the decisions: re-planned when the first result is in,
+            # and at most once per handling after choose decisions, when its other instructions are done
+            paced: list = []
+            for ins in out:
+                paced.append(ins)
+                if isinstance(ins, FirstResult):
+                    paced.append(Replan("first-result"))
+            if any(isinstance(ins, ChooseDecided) for ins in out):
+                paced.append(Replan("decision"))
+            out = paced
         return out
 
     @property

@@ -65,7 +65,7 @@ from ..state import (
     Warn,
     Watch,
 )
-from ..state.failures import failed_everywhere, failure_kind
+from ..state.failures import every_branch_failed, failed_everywhere, failure_kind
 from .monitor import RunMonitor, snapshot_on_scheduler
 from .options import RunOptions, check_options
 
@@ -728,14 +728,9 @@ class _Run:
             table.attrs["rungs"] = self.state.rung_log()  # Result.rungs: every arrival at a rung, in order
         stats = self.stats()
         self.publisher.finish(rows, stats)  # final statuses for the dashboard
-        if raise_if_all_failed and rows and all(r.status == "failed" for r in rows):
-            first = rows[0]
-            raise RunError(
-                f"every branch failed ({len(rows)} of {len(rows)}); the first failed in step "
-                f"{first.failed_step!r} with {first.error}. See the .table attribute of this "
-                "error for each branch's error and traceback.",
-                table=table, story=self.state.story()[-50:],
-            )
+        failed = every_branch_failed(rows)  # the rule's one owner: graph.state.failures
+        if raise_if_all_failed and failed:
+            raise RunError(failed, table=table, story=self.state.story()[-50:])
         return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
                          compiled=self.compiled, memory_plan=self.budgeted.plan, run_id=self.run_id)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["FAILURE_KINDS", "failure_kind", "failed_everywhere", "exit_status"]
+__all__ = ["FAILURE_KINDS", "every_branch_failed", "failure_kind", "failed_everywhere", "exit_status"]
 
 #: the kinds a failed branch's error can be (``result.table["error_kind"]``)
 FAILURE_KINDS = ("step", "infrastructure", "serialisation", "memory")
@@ -72,6 +72,23 @@ def failed_everywhere(rows: Iterable[tuple[Mapping[str, str], str, str | None]])
             elif entry[2] is None:
                 entry[2] = error or "(no error text)"
     return [(e, lab, n, first) for (e, lab), (n, all_failed, first) in seen.items() if all_failed and n]
+
+
+def every_branch_failed(rows: list) -> str | None:
+    """The run's error when every branch failed (rows: the machine's final rows, each with
+    ``status``, ``failed_step`` and ``error``), else ``None``: the one owner of that rule.
+
+    >>> from types import SimpleNamespace as Row
+    >>> every_branch_failed([Row(status="failed", failed_step="fit", error="ValueError: x")] * 2)
+    "every branch failed (2 of 2); the first failed in step 'fit' with ValueError: x. See the .table attribute of this error for each branch's error and traceback."
+    >>> every_branch_failed([Row(status="ok", failed_step=None, error=None)]) is None
+    True
+    """
+    if not rows or any(r.status != "failed" for r in rows):
+        return None
+    first = rows[0]
+    return (f"every branch failed ({len(rows)} of {len(rows)}); the first failed in step {first.failed_step!r} "
+            f"with {first.error}. See the .table attribute of this error for each branch's error and traceback.")
 
 
 def exit_status(kinds: Iterable[str | None], strict: bool = False) -> int:

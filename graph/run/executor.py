@@ -673,6 +673,8 @@ class _Run:
         events = driver.ask(self.client.get_events, RETRY_TOPIC, what="reading the workers' retries")
         ours = set(self.compiled.graph) | set(self.compiled.metric_graph)
         self.retries = {k: n for k, n in retries_by_key(events).items() if k in ours}
+        for k, n in (self.snap.get("rescheduled") or {}).items():  # Dask ran it again after its worker died
+            self.retries[k] = self.retries.get(k, 0) + n
         self.budget_stats = driver.ask(self.budgeted.stats, self.snap, self.compiled,
                                        what="reading the workers' spill counters")
         try:
@@ -710,7 +712,7 @@ class _Run:
             "lost_results": state.lost,
             "second_pass_copies": state.copies_made,  # graph/state/secondpass.py: partitions computed again, not held
             "bridge_tasks": snap.get("bridge_tasks", 0),  # finished in the user's process (graph/cluster/bridge.py)
-            "infrastructure_retries": sum(self.retries.values()),  # graph/parcels.py: import deadlocks retried
+            "infrastructure_retries": sum(self.retries.values()),  # import deadlocks retried (graph/parcels.py), tasks Dask ran again after their worker died
         }
         stats["busy_fraction"] = _busy_fraction(driver, snap, self.threads)
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)

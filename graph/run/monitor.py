@@ -43,6 +43,9 @@ class RunMonitor(SchedulerPlugin):
         self.waited: dict[str, float] = {}
         self.working: dict[Any, int] = {}  # key -> working memory a worker measured (graph.memory.workmeter)
         self.on_bridge = 0  # tasks that finished on the bridge (graph.cluster.bridge): in the user's process
+        #: key -> times Dask ran it again because its worker died while running it (TaskState.suspicious,
+        #: bounded by distributed.scheduler.allowed-failures): infrastructure retries, not the step's
+        self.rescheduled: dict[str, int] = {}
         self.pauses = 0  # times a worker paused (its memory passed Dask's pause line)
         self.paused_seconds = 0.0
         self._paused_since: dict[str, float] = {}
@@ -153,7 +156,13 @@ class RunMonitor(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs: Any) -> None:
         # called for every transition of every task on the scheduler: return at once unless
         # one of this run's tasks just finished computing
-        if start != "processing" or (finish != "memory" and finish != "erred"):
+        if start != "processing":
+            return
+        if finish != "memory" and finish != "erred":
+            if self._scheduler is not None and original_key(key) in self.keys:  # its worker died, Dask runs it again
+                ts = self._scheduler.tasks.get(key)
+                if ts is not None and ts.suspicious:
+                    self.rescheduled[original_key(key)] = ts.suspicious
             return
         key = original_key(key)  # the executor's recompute copy of a key counts as the key
         if key not in self.keys:
@@ -186,6 +195,7 @@ class RunMonitor(SchedulerPlugin):
             "peak_memory_bytes": self.peak_memory,
             "peak_worker_memory_bytes": self.peak_worker,
             "bridge_tasks": self.on_bridge,
+            "rescheduled": dict(self.rescheduled),
         }
 
 

@@ -42,14 +42,18 @@ __all__ = ["ComputeFailedDigest", "ErrorDigestPlugin", "WarningDigest", "dask_lo
 logger = logging.getLogger("distributed.worker")
 
 
-class ComputeFailedDigest(logging.Filter):
-    """Pass the first ``Compute Failed`` record of each (step, exception) as one line; count the rest."""
+class _Counted(logging.Filter):
+    """A filter that counts records by kind: ``counts`` (seen), ``reported`` (said so far)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[tuple[str, str], int] = {}
         self.reported: dict[tuple[str, str], int] = {}
         self.lock = threading.Lock()
+
+
+class ComputeFailedDigest(_Counted):
+    """Pass the first ``Compute Failed`` record of each (step, exception) as one line; count the rest."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not (isinstance(record.msg, str) and record.msg.startswith("Compute Failed") and record.args):
@@ -84,7 +88,7 @@ class ComputeFailedDigest(logging.Filter):
         return lines
 
 
-class WarningDigest(logging.Filter):
+class WarningDigest(_Counted):
     """A filter for the handlers of Dask's ``distributed`` logger: the first record of each kind
     (its logger and message template) passes, the same again is counted, and :meth:`flush` gives
     one line per kind that came again (issue 44: Dask's own warnings shown once, summarised).
@@ -100,12 +104,6 @@ class WarningDigest(logging.Filter):
     >>> d.flush(), d.filter(logging.LogRecord("distributed.core", logging.INFO, "", 0, "fine", (), None))
     ([], True)
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[tuple[str, str], int] = {}
-        self.reported: dict[tuple[str, str], int] = {}
-        self.lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or not record.name.startswith("distributed"):

@@ -9,57 +9,47 @@ from .result import Result
 __all__ = ["run_node"]
 
 
-def run_node(
-    node: Any,
-    client: Any = None,
-    *,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    memory_limit: str | int | None = "auto",
-    progress: bool | None = None,
-    quiet: bool = False,
-    raise_if_all_failed: bool = True,
-    store: Any = None,
-    memory_budget: Any = None,
-    sample_sizes: bool = False,
-    order: str = "depth-first",
-    disk_bandwidth: Any = None,
-    on_metric_error: str = "stop",
-    stall_timeout: float | None = None,
-    pack: bool = True,
-    compute_value: bool = False,
-    tracking: Any = None,
-    on_driver: Any = None,
-) -> Result:
+def run_options() -> dict[str, Any]:
+    """The options a run takes, with their defaults: ``graph.execute``'s (``graph.run.session.run_compiled``,
+    their one owner) and ``tracking``. ``Node.run`` and this module read them here.
+
+    >>> list(run_options())[:3]
+    ['workers', 'threads_per_worker', 'memory_limit']
+    """
+    from graph.run.session import run_options as graph_run_options
+
+    return {**graph_run_options(), "tracking": None}
+
+
+def run_node(node: Any, client: Any = None, **options: Any) -> Result:
     """Run ``node``'s exploration: refuse bad options and definitions before a cluster starts,
-    then connect, prepare the cluster, execute, and wrap the record in a :class:`Result`.
-    ``tracking``: log it to MLflow (:mod:`pipelines.tracking`); ``on_driver``: as
-    ``graph.run.executor.execute``'s."""
+    then run it (``graph.execute``: the one run path) and wrap the record in a :class:`Result`.
+    ``options``: :func:`run_options` (``tracking``: log it to MLflow, :mod:`pipelines.tracking`)."""
+    known = run_options()
+    unknown = [o for o in options if o not in known]
+    if unknown:  # a clear message rather than a TypeError deep in the run
+        raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; options: {', '.join(known)}")
+    tracking = options.pop("tracking", None)
     if tracking is not None and tracking is not False:  # an MLflow run per branch, as each finishes
-        options = {k: v for k, v in locals().items() if k not in ("node", "client", "tracking", "on_driver")}
         from .tracking import Tracker
 
-        with Tracker(tracking, node, memory_budget=memory_budget) as tracker:  # an error: the runs end FAILED/KILLED
-            return tracker.finish(run_node(node, client, **options, on_driver=tracker.watcher(on_driver)))
+        with Tracker(tracking, node, memory_budget=options.get("memory_budget")) as tracker:  # an error: the runs end FAILED/KILLED
+            return tracker.finish(run_node(node, client, **{**options, "on_driver": tracker.watcher(options.get("on_driver"))}))
     import time
 
     import graph
-
     from graph.run.options import check_options
 
+    opts = {**known, **options}
     # the options are checked before the compile (graph.run.options, their one owner); the run checks
     # them again where it takes them (graph.run.session): a bad one never waits for a compile
-    check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
-                  memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes)
+    check_options(order=opts["order"], on_metric_error=opts["on_metric_error"], stall_timeout=opts["stall_timeout"],
+                  pack=opts["pack"], memory_budget=opts["memory_budget"], disk_bandwidth=opts["disk_bandwidth"],
+                  sample_sizes=opts["sample_sizes"])
     clock = time.perf_counter()
-    compiled = _prepare(node, client, memory_budget, workers, threads_per_worker)
-    record = graph.execute(
-        compiled, client, workers=workers, threads_per_worker=threads_per_worker, memory_limit=memory_limit,
-        progress=progress, quiet=quiet, raise_if_all_failed=raise_if_all_failed, store=store,
-        memory_budget=memory_budget, sample_sizes=sample_sizes, order=order, disk_bandwidth=disk_bandwidth,
-        on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack, compute_value=compute_value,
-        on_driver=on_driver, compile_seconds=time.perf_counter() - clock,
-    )
+    compiled = _prepare(node, client, opts["memory_budget"], opts["workers"], opts["threads_per_worker"])
+    record = graph.execute(compiled, client, **options, compile_seconds=time.perf_counter() - clock)
+    quiet = opts["quiet"]
     if not quiet:  # a short run that was mostly start-up says so (graph/report/breakdown.py)
         import sys
 

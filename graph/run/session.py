@@ -23,7 +23,21 @@ from typing import Any
 
 from .executor import RunRecord
 
-__all__ = ["run_compiled"]
+__all__ = ["run_compiled", "run_options"]
+
+
+def run_options() -> dict[str, Any]:
+    """The options :func:`run_compiled` takes, by name, with their defaults (its signature is their
+    one owner; ``compile_seconds`` is the caller's, not an option).
+
+    >>> opts = run_options()
+    >>> opts["order"], opts["pack"], "compile_seconds" in opts
+    ('depth-first', True, False)
+    """
+    import inspect
+
+    return {name: p.default for name, p in inspect.signature(run_compiled).parameters.items()
+            if p.kind is p.KEYWORD_ONLY and name != "compile_seconds"}
 
 
 def run_compiled(

@@ -34,12 +34,11 @@ from typing import Any
 from ..keys import original_key, recompute_key, step_name
 from ..wrappers import layers
 from .halving import Halving, curve_choose
-from .metric import extract_metric, metric_failure_cause
+from .metric import metric_failure_cause
 from .ranking import best_so_far, decide, meets
 from .secondpass import copy_name, second_pass
 from .events import (
     Abort,
-    Answer,
     Cancel,
     ChooseDecided,
     Fail,
@@ -61,42 +60,16 @@ from .events import (
     Warn,
     Watch,
 )
-from .order import Target, priority, run_targets
-from .rows import RowState
-from .status import branch_status, end_status, final_status
+from .order import priority, run_targets
+from .reports import Reports
+from .status import branch_status
+from .tips import DONE, FAILED, SUBMITTED, WAITING, _Tip
+from .views import Views
 
 __all__ = ["ExplorationState", "METRIC_ERROR_MODES", "branch_status", "runs_iterative"]
 
-WAITING, SUBMITTED, DONE, FAILED = "waiting", "submitted", "done", "failed"
 #: what a run does when its first branches fail at a choose for the same reason
 METRIC_ERROR_MODES = ("stop", "continue")
-
-
-class _Tip:
-    """The machine's record of one target."""
-
-    __slots__ = ("t", "state", "dead", "stopped", "metric", "scalars", "error", "traceback", "failed_step",
-                 "kept", "demand", "holds", "cause", "keys")
-
-    def __init__(self, t: Target):
-        self.t = t
-        self.keys = t.keys  # every task it needs (computed once)
-        self.state = WAITING
-        self.dead = False
-        self.stopped = False  # a pruning choose stopped its step (status pruned)
-        self.metric: float | None = None
-        self.scalars: dict | None = None
-        self.error: str | None = None
-        self.traceback: str | None = None
-        self.failed_step: str | None = None
-        self.kept = 0  # gates that kept it so far (open when all did)
-        self.demand: str | None = "wait"  # counted in demand_wait / demand_sub while unresolved and alive
-        self.holds = True  # counted in out_hold / choose_hold
-        self.cause: str | None = None  # why its metric could not be read (fail fast)
-
-    @property
-    def resolved(self) -> bool:
-        return self.state in (DONE, FAILED)
 
 
 #: how many handlings :meth:`ExplorationState.story` keeps (a run's last ones: bounded memory)
@@ -109,7 +82,7 @@ def _told(item: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class ExplorationState:
+class ExplorationState(Reports, Views):
     """Every decision of one run (see the module docstring).
 
     ``on_metric_error``: ``"stop"`` (default) ends the run with one error when the first
@@ -493,107 +466,6 @@ class ExplorationState:
         self._dirty_outputs.update(range(len(self.output_tips)))
         self._out.append(Fail(reason))
 
-    def _reports(self, reports: list[Report]) -> None:
-        """Iterative steps' reports that arrived together (distinct steps): each one's history,
-        then at a pruning choose the halving rule (``graph.state.halving.Halving.report_many``),
-        which ranks those that reach a rung together (a packed task sends its members' reports
-        of one epoch at once); at a rung the step waits for an :class:`Answer`."""
-        taken = [(ev.name, ev.iteration, dict(ev.values)) for ev in reports]
-        taken = [(*r, self.prune_inputs.get(original_key(r[0]), ())) for r in taken if self._take_report(*r)]
-        asks: dict[int, list[tuple[int, int]]] = defaultdict(list)  # choose -> [(report, input index)]
-        for j, (_name, _iteration, _values, entries) in enumerate(taken):
-            for ci, i in entries:
-                tip = self.choose_tip[(ci, i)]
-                if not (tip.dead or tip.resolved):  # cancelled or stopped meanwhile: not ranked
-                    asks[ci].append((j, i))
-        decided: dict[tuple[int, int, int], Any] = {}
-        for ci, items in asks.items():
-            ds = self.halving[ci].report_many([(i, self.group_of[(ci, i)], taken[j][1], self._report_metric(ci, taken[j][2]))
-                                               for j, i in items])
-            decided.update({(j, ci, i): d for (j, i), d in zip(items, ds)})
-        for j, (name, iteration, _values, entries) in enumerate(taken):
-            self._answer_report(name, iteration, [(ci, i, decided.get((j, ci, i))) for ci, i in entries])
-
-    def _take_report(self, name: str, iteration: int, values: dict) -> bool:
-        """A report's history (a replay gets its first answer again); whether the halving rule
-        is to see it."""
-        key = original_key(name)
-        if key not in self.iterative:
-            return False  # not this run's (a client may run other work)
-        if iteration <= len(self.history[key]):  # a replay: counted once
-            given = self.rung_answers.get((key, iteration))
-            if given is not None and (name, iteration) not in self.answered:
-                self.answered.add((name, iteration))  # a recompute copy waits under its own name
-                self._answers.append(Answer(name, iteration, given))
-            return False
-        # a gap: an execution this run did not start (Dask resumes a task an earlier run on the
-        # client cancelled while it ran, when this run submits its key): its rungs are still
-        # ranked and answered (it waits there), its history is not guessed
-        if iteration != len(self.history[key]) + 1 and name not in self.submitted:
-            return False  # a gap under a name this run never submitted: another run's leftover step
-        if iteration == len(self.history[key]) + 1:
-            self.history[key].append(values)
-            self.reports_taken += 1
-            if self.curve_choose is not None:
-                self.curves[key].append(self._report_metric(self.curve_choose, values, warn=False))
-        for tip in self.by_key.get(key, ()):  # their iterations changed (the dashboard shows them)
-            if tip.t.kind == "output":
-                self._dirty_outputs.add(tip.t.index)
-        return True
-
-    def _answer_report(self, name: str, iteration: int, entries: list[tuple[int, int, Any]]) -> None:
-        """The answer at a rung from the halving rule's decisions (``(choose, input, decision)``,
-        ``None`` where the input was not ranked), and a stop's consequences."""
-        key = original_key(name)
-        if not entries:
-            return
-        stop = None
-        at_rung = False
-        alive = False
-        for ci, i, d in entries:
-            spec = self.c.chooses[ci].spec
-            at_rung = at_rung or spec.prune.rung_of(iteration) is not None
-            if d is None:
-                continue
-            alive = True
-            if getattr(d, "pruned", False) and stop is None:
-                stop = d
-        if at_rung:
-            given = "stop" if stop is not None or not alive else "continue"
-            self.rungs_answered += 1
-            self.rung_answers[(key, iteration)] = given
-            self.answered.add((name, iteration))
-            self._answers.append(Answer(name, iteration, given))
-        if stop is not None:
-            self.pruned_at[key] = (stop.rung, iteration)
-            # the output branches this stop ends (a later explore gives a step several)
-            self.pruned_rows[stop.rung] += sum(
-                1 for tip in self.by_key.get(key, ()) if tip.t.kind == "output" and not tip.dead and not tip.resolved)
-            if self.current.get(key, key) in self.held and key not in self.finished:
-                self.stopping.add(key)  # held until it returns Pruned: its worker time is measured
-            self._stop(key)
-
-    def _report_metric(self, ci: int, values: dict, warn: bool = True) -> float:
-        """The choose metric of one report (NaN, never continuing, when the report lacks it:
-        warned once per choose; ``warn=False`` for the dashboard's curves, which only show it)."""
-        spec = self.c.chooses[ci].spec
-        try:
-            return float(extract_metric(values, spec.metric, f"choose({spec.metric_name!r})")[0])
-        except Exception as exc:  # recorded (NaN and a warning): a user's callable metric may raise anything
-            if warn and ci not in self.report_alarm:
-                self.report_alarm.add(ci)
-                self._out.append(Warn(
-                    f"choose({spec.metric_name!r}, prune=...): a report gives no metric ({type(exc).__name__}: {exc}); "
-                    "such branches are pruned at their first rung. Yield the metric in every report."
-                ))
-            return float("nan")
-
-    def _stop(self, key: str) -> None:
-        for tip in self.by_key.get(key, ()):
-            if not tip.resolved and not tip.dead:
-                tip.stopped = True
-                self._kill(tip)
-
     # ---- target transitions -------------------------------------------------------------------
     def _set_demand(self, tip: _Tip, new: str | None) -> None:
         old = tip.demand
@@ -933,172 +805,6 @@ class ExplorationState:
     def _task(self, key: str) -> Any:
         task = self.c.graph.get(key)
         return task if task is not None else self.c.metric_graph[key]
-
-    def status(self, j: int) -> str:
-        """Output branch ``j``'s status now (the rule: :func:`branch_status`)."""
-        tip = self.output_tips[j]
-        b = tip.t.branch
-        gate_tips = [self.choose_tip[g] for g in b.gates]
-        failed = tip.state == FAILED or any(t.state == FAILED for t in gate_tips)
-        decisions = [self.gate.get(g) for g in b.gates]
-        ends_at_drop = False
-        if "drop" in decisions and "cancel" not in decisions:
-            ci, i = b.gates[decisions.index("drop")]
-            ends_at_drop = self.c.chooses[ci].inputs[i].key == b.key
-        running = tip.state == SUBMITTED or any(t.state == SUBMITTED for t in gate_tips)
-        metric_in = bool(gate_tips) and all(t.state == DONE or self.gate.get((t.t.choose, t.t.index)) == "keep" for t in gate_tips)
-        return branch_status(failed, decisions, ends_at_drop, tip.state == DONE, tip.stopped or any(t.stopped for t in gate_tips),
-                             running, metric_in, self.aborted is not None)
-
-    def _failure(self, j: int) -> _Tip | None:
-        tip = self.output_tips[j]
-        gate_tips = [self.choose_tip[g] for g in tip.t.branch.gates]
-        failed = next((t for t in gate_tips if t.state == FAILED), None)
-        return failed or (tip if tip.state == FAILED else None)
-
-    def chosen(self, j: int, status: str | None = None) -> bool:
-        b = self.output_tips[j].t.branch
-        status = status or self.status(j)
-        return status == "ok" and all(self.gate.get(g) == "keep" for g in b.gates)
-
-    def _metrics_of(self, j: int) -> dict:
-        b = self.output_tips[j].t.branch
-        out = {}
-        for g in b.gates:
-            t = self.choose_tip[g]
-            if t.metric is not None:
-                out[self.c.chooses[g[0]].spec.metric_name] = t.metric
-        return out
-
-    def changes(self) -> tuple:
-        """The branches whose live status, metrics or error changed since the last call, as
-        ``(id, status, metrics, error)`` rows (a run with iterative steps adds ``iterations,
-        pruned_at, curve``, which change with every report). The driver pulls these when its
-        publisher is due (cheap per event: the machine only notes which branches were touched)."""
-        if not self._dirty_outputs:
-            return ()
-        rows = []
-        for j in sorted(self._dirty_outputs):
-            status = self.status(j)
-            status = final_status(status, self.chosen(j, status))
-            failed = self._failure(j)
-            row = (j, status, self._metrics_of(j), failed.error if failed else None)
-            if self.iterative:  # iterative runs: reports made, the iteration it was pruned at, its curve
-                row += (len(self.branch_history(j)), self.pruned_iteration(j), self.branch_curve(j))
-            if self._published.get(j) != row[1:]:
-                self._published[j] = row[1:]
-                rows.append(row)
-        self._dirty_outputs.clear()
-        return tuple(rows)
-
-    def decisions(self) -> dict[tuple[int, int], str]:
-        """The chooses' decisions so far: ``{(choose, input): "keep" | "drop" | "cancel"}``."""
-        return dict(self.gate)
-
-    def progress(self) -> dict[str, Any]:
-        """What the progress line shows (cheap: counters only)."""
-        best = ""
-        if self.best is not None:
-            name = self.c.chooses[self.last_choose].spec.metric_name
-            best = f"best {name}={self.best[0]:.4g}"
-        if self.halving:
-            best = (best + "  " + self.pruning_line()).strip()
-        return {
-            "tasks_done": len(self.finished) + len(self.errored),
-            "tasks_total": max(len(self.submitted), 1),
-            "branches_done": self.branches_done,
-            "branches_total": len(self.output_tips),
-            "best": best,
-        }
-
-    def counts(self) -> tuple[int, int]:
-        """``(tasks done, reports taken)``: two numbers, cheap, for the driver to publish to
-        other threads (the watchdog) as an immutable pair after each ``handle``."""
-        return (len(self.finished) + len(self.errored), self.reports_taken)
-
-    def pruning_line(self) -> str:
-        """``"reports 14, rungs 9, pruned 5 at rung 0, 1 at rung 1"`` (the progress line's part;
-        pruned output branches, as the table's rows)."""
-        at = +self.pruned_rows
-        text = f"reports {self.report_count()}, rungs {self.rungs_answered}"
-        if at:
-            text += ", pruned " + ", ".join(f"{n} at rung {r}" for r, n in sorted(at.items()))
-        return text
-
-    def pruned_branches(self) -> int:
-        """Output branches (the table's rows) that a pruning choose's stop ended."""
-        return sum(self.pruned_rows.values())
-
-    def report_count(self) -> int:
-        """Reports taken so far (each iteration of each key once: replays are not counted)."""
-        return self.reports_taken
-
-    def rung_log(self) -> list[dict]:
-        """Every arrival at a rung of every pruning choose, in arrival order per rung:
-        ``{"choose", "group", "rung", "iteration", "input", "metric", "continued", "n"}``
-        (``input``: the branch's index among the choose's inputs; ``n``: branches at that rung
-        when it arrived, itself included).  ``Result.rungs``."""
-        out = []
-        for ci, h in self.halving.items():
-            p = h.prune
-            for (g, r), entries in h.arrivals.items():
-                for e in entries:
-                    out.append({"choose": ci, "group": g, "rung": r, "iteration": p.rung_iteration(r),
-                                "input": e.branch, "metric": e.metric, "continued": e.continued, "n": e.n})
-        return out
-
-    def branch_history(self, j: int) -> list[dict]:
-        """Output branch ``j``'s reports: those of the iterative steps on its path, in order."""
-        b = self.output_tips[j].t.branch
-        return [r for k in b.lineage if k in self.history for r in self.history[k]]
-
-    def branch_curve(self, j: int) -> tuple[float, ...]:
-        """Output branch ``j``'s report curve: the metric of ``curve_choose`` (``graph.state.halving``)
-        in each of its reports, in order (NaN where a report lacks it; empty without a choose)."""
-        b = self.output_tips[j].t.branch
-        return tuple(v for k in b.lineage if k in self.curves for v in self.curves[k])
-
-    def pruned_iteration(self, j: int) -> int | None:
-        """The iteration output branch ``j`` was pruned at by a pruning choose (else ``None``)."""
-        b = self.output_tips[j].t.branch
-        return next((self.pruned_at[k][1] for k in b.lineage if k in self.pruned_at), None)
-
-    def result_names(self) -> dict[int, str]:
-        """Output branch -> the name its value is held under, for branches whose value is in."""
-        return {
-            j: self.current.get(t.t.branch.key, t.t.branch.key)
-            for j, t in enumerate(self.output_tips)
-            if t.state == DONE
-        }
-
-    def rows(self) -> list[RowState]:
-        """Every output branch's final record for the table."""
-        return [self.row(j) for j in range(len(self.output_tips))]
-
-    def row(self, j: int) -> RowState:
-        """Output branch ``j``'s record now (final once its status is not live: what a tracker
-        logs as each branch finishes, ``pipelines/tracking.py``)."""
-        tip = self.output_tips[j]
-        b = tip.t.branch
-        gate_tips = [self.choose_tip[g] for g in b.gates]
-        failed = self._failure(j)
-        status = self.status(j)
-        history = self.branch_history(j)
-        status = end_status(status, self.aborted is not None)
-        return RowState(
-            branch=b,
-            status=status,
-            chosen=self.chosen(j, status),
-            metrics=[(g[0], t.metric) for g, t in zip(b.gates, gate_tips)],
-            scalars={k: v for t in gate_tips for k, v in (t.scalars or {}).items()},
-            error=failed.error if failed else None,
-            traceback=failed.traceback if failed else None,
-            failed_step=failed.failed_step if failed else None,
-            has_value=tip.state == DONE,
-            iterations=len(history) if self.iterative else None,
-            history=history,
-            pruned_at=self.pruned_iteration(j),
-        )
 
 
 def runs_iterative(task: Any) -> bool:

@@ -180,7 +180,10 @@ def test_a_budgeted_run_on_data_that_fits_applies_no_spill_settings(tmp_path):
         r1 = unhinted.run(c, memory_budget=2 * limit, quiet=True, progress=False)
         assert r1.memory_plan.evicts is False and r1.stats["memory_plan_installed"] is True
         assert r1.stats["spilled_bytes"] == 0  # 2 MiB results: the share is never reached
-        assert all(v["target"] < int(limit * dask_thresholds().target) for v in r1.value)
+        # the plan's share guards them, and never loosens the worker's own target (Dask's): the
+        # share is above Dask's target when an idle worker is light (dask 2026.8.0 here), below it otherwise
+        own = int(limit * dask_thresholds().target)
+        assert all(v["target"] == min(r1.memory_plan.worker_data_budget, own) for v in r1.value)
 
         # twelve 20 MiB outputs held to the end cannot all stay: the plan evicts, so it is installed
         tight = Pipeline("tight").source(big, n_bytes=20 * MiB).explore(

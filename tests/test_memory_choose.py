@@ -137,3 +137,23 @@ def test_the_branch_a_choose_keeps_survives_the_plan_dropping_its_input():
             assert list(r.table["status"]) == ["ok", "dropped", "dropped", "dropped"]
             recomputed += r.stats["recomputed_tasks"]
         assert recomputed >= 1  # the drop-and-recompute path really ran
+
+
+def test_a_plan_never_loosens_the_workers_own_spill_target(tmp_path):
+    """Issue 50: a plan whose share for results is above the worker's own spill target (Dask's)
+    leaves the worker's target as it is; one below it tightens it; the end restores it."""
+    from types import SimpleNamespace
+
+    from graph.memory.spill import MemoryPlanPlugin, PlannedSpillBuffer
+
+    buf = PlannedSpillBuffer(str(tmp_path), target=1000)
+    worker = SimpleNamespace(data=buf, address="local")
+    loose = MemoryPlanPlugin("run-1", {"a": (1,)}, {"a": 0}, target=5000)
+    loose.setup(worker)
+    assert buf.fast.n == 1000 and buf.fast.plan is not None  # the plan's order, the worker's own target
+    tight = MemoryPlanPlugin("run-2", {"b": (2,)}, {"b": 0}, target=400)
+    tight.setup(worker)
+    assert buf.fast.n == 400
+    tight.teardown(worker)
+    loose.teardown(worker)
+    assert buf.fast.n == 1000 and buf.fast.plan is None

@@ -157,8 +157,11 @@ class MemoryPlanPlugin(WorkerPlugin):
         if state["plans"]:
             plan, target = list(state["plans"].values())[-1]
             fast.plan = plan
-            if target is not None:
-                fast.n = target  # Dask spills down to it as new results arrive (no blocking evict here)
+            if target is not None:  # Dask spills down to it as new results arrive (no blocking evict here);
+                # a budget only tightens the worker's own spill target, never loosens it (issue 50: with a
+                # lighter idle worker the plan's share came out above Dask's own target)
+                own = state["original"][1] if state["original"] is not None else None
+                fast.n = min(target, own) if own else target
         elif state["original"] is not None:
             fast.plan, fast.n = state["original"]
             state["original"] = None

@@ -8,7 +8,7 @@ plain ``repr``.  Nothing here imports Jupyter, Dask or matplotlib.
 >>> t = pd.DataFrame({"model": ["a", "b"], "model.C": [1.0, 10.0], "acc": [0.5, 0.9],
 ...                   "status": ["dropped", "ok"], "seconds": [0.1, 0.2], "chosen": [False, True]})
 >>> html = result_html(Result(table=t, value=None, values=[], stats={"executed_tasks": 3, "unique_tasks": 4}))
->>> "model=b(C=10)" in html and "3 executed of 4 unique" in html
+>>> "model=b(C=10.0)" in html and "3 executed of 4 unique" in html
 True
 """
 

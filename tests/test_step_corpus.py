@@ -43,6 +43,7 @@ def test_the_good_corpus_succeeds_everywhere_on_fresh_workers():
     assert r["failed"] == 0 and r["branches"] == 40
 
 
+@pytest.mark.timeout(900)  # 20 fresh processes, each its own cluster: ~2 minutes on 2 quiet cores
 def test_the_readme_example_prints_no_dask_error_at_its_end():
     """Before the bridge waited for the scheduler's word of its retirement, Dask logged "Invalid
     Worker.status transition: Status.closing -> Status.closing_gracefully" as an ERROR at the end

@@ -60,6 +60,7 @@ def test_script_without_main_guard_runs_with_python(tmp_path):
     expected = max(sum(2 * v for v in range(10)) % (k + 3) / 10 for k in (1, 2, 3))
     assert out.stdout.split() == ["RESULT", str(expected), "3"]
     assert "bootstrapping phase" not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
 def test_script_without_main_guard_runs_with_quiver_run(tmp_path):
@@ -207,3 +208,35 @@ def test_a_guarded_scripts_own_spawned_processes_are_left_as_python_makes_them(t
     out = subprocess.run([sys.executable, str(f)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["POOL", "9", "RESULT", "0.2"]
+
+
+UNGUARDED_LIBRARY = textwrap.dedent(
+    """
+    from sklearn.preprocessing import StandardScaler
+
+    from pipelines import Pipeline, grid
+
+    def load(seed):
+        return [[float(v)] for v in range(10 + seed)]
+
+    def score(x, k):
+        return {"acc": float(StandardScaler().fit_transform(x).sum() + k) / 10}
+
+    output = Pipeline("unguarded").source(load, seed=0).explore("m", grid(score, k=[1, 2, 3])).choose("acc")
+    r = output.run(workers=2, quiet=True, progress=False)
+    print("RESULT", r.value["acc"], len(r.table))
+    """
+)
+
+
+def test_an_unguarded_script_importing_a_library_starts_no_worker_that_reruns_it(tmp_path):
+    """The README's shape: a library imported at the top, the run at module level. Its workers
+    start on the bridge's thread; the script's guard must be read on the caller's (the README's
+    example printed six tracebacks and took a minute, the forked workers re-running it, before)."""
+    f = tmp_path / "explore.py"
+    f.write_text(UNGUARDED_LIBRARY)
+    out = subprocess.run([sys.executable, str(f)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    words = out.stdout.split()
+    assert words[0] == "RESULT" and abs(float(words[1]) - 0.3) < 1e-9 and words[2] == "3"
+    assert "Traceback" not in out.stderr and "Nanny failed" not in out.stderr, out.stderr[-3000:]

@@ -97,6 +97,8 @@ def unguarded_main_call() -> tuple[str, int] | None:
 
 #: (main script, line, its mtime) -> whether the line is under a main guard (one entry: the last asked)
 _guarded: dict[tuple, bool] = {}
+#: whether the run connect() is starting was called from an unguarded main script (read on its thread)
+_main_unguarded: bool | None = None
 
 
 def _is_main_guard(stmt: Any) -> bool:
@@ -135,8 +137,8 @@ def workers_skip_main(unguarded: bool | None = None) -> Iterator[None]:
     ...     "init_main_from_path" in spawn.get_preparation_data("probe")
     False
     """
-    if unguarded is None:
-        unguarded = unguarded_main_call() is not None
+    if unguarded is None:  # what connect() read on the caller's thread, else read here
+        unguarded = _main_unguarded if _main_unguarded is not None else unguarded_main_call() is not None
     if not unguarded:  # a guarded script, a notebook, the CLI: multiprocessing as it is
         yield
         return
@@ -226,6 +228,10 @@ def connect(
         kwargs["memory_limit"] = memory_limit
     from . import embedded
 
+    # read on this (the caller's) thread: the workers may start on the bridge's thread, whose frames
+    # do not reach the main script's statement (graph.cluster.bridge)
+    global _main_unguarded
+    _main_unguarded = unguarded_main_call() is not None
     # a kept cluster whose workers are still starting (graph.cluster.bridge) first finishes its start:
     # until then this process's config and environment hold the start's settings for its nannies
     embedded.settle_kept()
@@ -247,7 +253,7 @@ def connect(
         spec = (kwargs["n_workers"], threads_per_worker, memory_limit, dashboard_address,
                 tuple(sorted(embedded_environ(None).items())), tuple(sorted(embedded_config().items())))
         cluster, c, reused, keep = embedded.acquire(spec, start)
-        if keep and not reused and unguarded_main_call() is not None:  # a kept cluster's nannies may restart a worker between runs too
+        if keep and not reused and _main_unguarded:  # a kept cluster's nannies may restart a worker between runs too
             _hold_skip_main()
             embedded.on_close(c, _drop_skip_main)
     info["cluster"] = "reused" if reused else "started"
@@ -408,7 +414,12 @@ async def _workers_in(cluster: Any, n: int) -> None:
 
     await cluster  # Dask's own: the cluster's workers match its spec (started, or an error raised)
     deadline = time.monotonic() + REGISTER_SECONDS
+    from distributed.core import Status
+
     while sum(ws.name != NAME for ws in cluster.scheduler.workers.values()) < n:
+        failed = [name for name, w in cluster.workers.items() if getattr(w, "status", None) in (Status.failed, Status.closed)]
+        if failed:  # a nanny whose worker process did not start: the start failed now, not at the deadline
+            raise RuntimeError(f"the worker process of {', '.join(map(str, failed))} did not start")
         if time.monotonic() > deadline:  # a worker started but never registered: not waited for ever
             raise TimeoutError(f"{n} workers started but did not register with the scheduler within "
                                f"{REGISTER_SECONDS:.0f} s")

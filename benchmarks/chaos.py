@@ -339,9 +339,12 @@ def passed(records: list[dict]) -> bool:
 
 
 def summary(result) -> dict:
-    """What a run is judged on: the table's rows without timings, and the chosen value."""
+    """What a run is judged on: the table's rows without timings, and the chosen value.
+
+    ``retries`` (infrastructure retries: a killed worker's reschedules) is kept apart from the
+    rows: a fault-free run has no such column, a faulted one may, and neither makes a row wrong."""
     t = result.table
-    table = t.drop(columns=[c for c in ("seconds", "error", "traceback") if c in t.columns])
+    table = t.drop(columns=[c for c in ("seconds", "error", "traceback", "retries") if c in t.columns])
 
     def column(name: str) -> list:
         return t[name].tolist() if name in t.columns else [None] * len(t)
@@ -349,7 +352,8 @@ def summary(result) -> dict:
     # a failed row's error with its traceback's last lines: what a flaky failure raised, and where
     errors = [(e + (" | " + tb[-1500:] if isinstance(tb, str) else "")) if isinstance(e, str) else None
               for e, tb in zip(column("error"), column("traceback"))]
-    return {"rows": table.to_dict("records"), "value": result.value, "errors": errors}
+    return {"rows": table.to_dict("records"), "value": result.value, "errors": errors,
+            "retries": [int(n) for n in column("retries") if n is not None]}
 
 
 def client_main(args) -> int:

@@ -67,8 +67,12 @@ def _two_task(compiled):
 
 
 def _same_tables(a, b):
-    drop = [c for c in ("seconds",) if c in a.columns]
-    assert a.drop(columns=drop).equals(b.drop(columns=drop)), (a, b)
+    """Equal but for timings and infrastructure retries (a lost worker's reschedules are counted
+    in a ``retries`` column, which a fault-free run does not have)."""
+    infra = ("seconds", "retries")
+    a = a.drop(columns=[c for c in infra if c in a.columns])
+    b = b.drop(columns=[c for c in infra if c in b.columns])
+    assert a.equals(b), (a, b)
 
 
 def test_a_choose_gives_the_same_table_value_and_metrics_fused_or_not(client):
@@ -166,6 +170,7 @@ def test_a_worker_killed_after_its_step_sent_the_metric_leaves_the_result_unchan
 
         hit = execute(node.compile(), c, progress=False, on_driver=killer)
     assert killed, "no worker was killed"
+    assert "retries" not in clean.table.columns
     _same_tables(clean.table, hit.table)
     assert clean.values == hit.values
 

@@ -39,11 +39,17 @@ $(VENV)/.demo-installed: pyproject.toml
 demo: $(VENV)/.demo-installed
 	$(BIN)/python examples/digits_explore.py
 
+# Two test processes (pytest-xdist), tests handed out as each finishes (worksteal): most tests
+# wait on worker processes, clusters and subprocesses of their own, so two run side by side on
+# 2 cores. PYTEST_WORKERS=0 runs them in this one process (e.g. for a debugger).
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # The newest end of pyproject.toml's dask/distributed range (the full suite runs on the oldest,
 # 2026.7.1, which the ucx and gpu extras pin). No ucx extra here: distributed-ucxx pins the oldest.
@@ -53,12 +59,12 @@ $(NEWEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(NEWEST)/bin/python -m pip install --quiet torch==2.13.0
-	$(NEWEST)/bin/python -m pip install --quiet ".[test,examples,bench,docs]" "dask==$(NEWEST_DASK)" "distributed==$(NEWEST_DASK)"
+	$(NEWEST)/bin/python -m pip install --quiet ".[test,examples]" "dask==$(NEWEST_DASK)" "distributed==$(NEWEST_DASK)"
 	touch $@
 
 test-newest: $(NEWEST)/.installed
 	cd $(NEWEST) && ./bin/python -c "import dask, distributed; print('dask', dask.__version__, 'distributed', distributed.__version__)"
-	$(NEWEST)/bin/python -m pytest -m "not slow" -p no:cacheprovider
+	$(NEWEST)/bin/python -m pytest $(XDIST) -m "not slow" -p no:cacheprovider
 
 docs: setup
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html

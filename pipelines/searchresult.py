@@ -24,7 +24,7 @@ class SearchResult:
     ``optuna.Study`` (the one given, or the one the search made). ``best_trial``/``best_params``:
     this search's best trial (``study.best_trial`` also counts a resumed study's earlier ones).
     ``stats``: ``trials``, ``complete``, ``pruned``, ``failed``, ``naive_tasks``,
-    ``unique_tasks``, ``executed_tasks``, ``prefix_fits_saved``, ``wall_seconds`` and more.
+    ``unique_tasks``, ``executed_tasks``, ``prefix_tasks_saved``, ``wall_seconds`` and more.
     """
 
     table: Any

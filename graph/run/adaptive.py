@@ -341,8 +341,8 @@ def run_search(
         "unique_tasks": len(run.step_keys),
         "executed_tasks": sum(n for k, n in executed.items() if k in run.step_keys),
         "metric_tasks": sum(n for k, n in executed.items() if k in run.metric_keys),
-        # the prefix steps (every step but a trial's last) its trials needed, less those that ran
-        "prefix_fits_saved": prefix_naive - sum(len(s) for s in by_depth.values()),
+        # prefix steps (every step but a trial's last, the source included) its trials needed, less those that ran
+        "prefix_tasks_saved": prefix_naive - sum(len(s) for s in by_depth.values()),
         "reused_keys": rule.reused,
         "wall_seconds": wall,
         "cluster_seconds": cluster_seconds,

@@ -37,6 +37,7 @@ def test_proposals_that_repeat_a_prefix_run_it_once(client, log_dir):
     assert all(n == 1 for n in ran.values())  # nothing ran twice
     st = result.stats
     assert st["executed_tasks"] == st["unique_tasks"] == sum(ran.values())
+    assert st["metric_tasks"] == 0  # each last step sent its metric itself: no read task ran
     assert st["naive_tasks"] == 36 and st["prefix_tasks_saved"] == 24 - 1 - t["prep"].nunique()
     best = t.loc[t["value"].idxmax()]
     assert result.best_trial == best["trial"] and result.value["score"] == best["value"]

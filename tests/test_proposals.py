@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.state.events import Abort, Finished, Gather, MetricRead, Release, TaskFailed, TaskFinished
+from graph.state.events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 from graph.state.proposals import (
     COMPLETE,
     FAIL,
@@ -204,3 +204,89 @@ def test_random_orders_never_exceed_n_trials_or_in_flight_and_tell_each_trial_on
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError):
         ProposalRule(n_trials=0, in_flight=1)
+
+
+def test_a_metric_the_last_step_sends_is_told_without_a_read_task():
+    rule = ProposalRule(n_trials=2, in_flight=1)
+    rule.handle(SearchStart())
+    assert rule.handle(Proposed(0, ("load", "fit"), "m", fused=True)) == [Run(("load", "fit"), 0)]
+    out = rule.handle(TaskFinished("load"), MetricSent("m", "fit", 0.8, {"acc": 0.8}), TaskFinished("fit"))
+    assert tells(out) == [Tell(0, COMPLETE, 0.8)] and not any(isinstance(i, (Run, Gather)) for i in out)
+    assert asks(out) == 1
+
+
+def test_a_step_that_finished_without_its_message_gets_its_read_task_after_all():
+    rule = ProposalRule(n_trials=1, in_flight=1)
+    rule.handle(SearchStart())
+    rule.handle(Proposed(0, ("load", "fit"), "m", fused=True))
+    assert rule.handle(TaskFinished("load"), TaskFinished("fit")) == [Run(("m",), 0)]
+    assert rule.handle(TaskFinished("m")) == [Gather(("m",))]
+    out = rule.handle(MetricRead("m", 0.4))
+    assert tells(out) == [Tell(0, COMPLETE, 0.4)]
+    # a message arriving late is not counted twice
+    assert rule.handle(MetricSent("m", "fit", 0.9)) == []
+
+
+def test_a_sent_metric_error_fails_the_trial_and_a_later_leaf_completion_is_let_go():
+    rule = ProposalRule(n_trials=2, in_flight=1)
+    rule.handle(SearchStart())
+    rule.handle(Proposed(0, ("load", "fit"), "m", fused=True))
+    out = rule.handle(MetricSent("m", "fit", None, error="KeyError: 'acc'"))
+    assert tells(out) == [Tell(0, FAIL, None, "KeyError: 'acc'")]
+    assert Release(("fit",)) in rule.handle(TaskFinished("load"), TaskFinished("fit"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), lost=st.sampled_from([0.0, 0.3]))
+def test_random_orders_of_sent_metrics_tell_each_trial_once_and_submit_each_key_once(seed, lost):
+    """Fused last steps: the message comes with, before, after, or (``lost``) never with the
+    step's completion; every trial is told once and nothing is submitted twice."""
+    rng = random.Random(seed)
+    n_trials, in_flight = 10, 3
+    rule = ProposalRule(n_trials=n_trials, in_flight=in_flight)
+    pending_asks = asks(rule.handle(SearchStart()))
+    running: list[str] = []
+    later: list = []  # messages held back
+    reads: list[str] = []
+    told, submitted, trial = [], [], 0
+    for _ in range(10_000):
+        if rule.finished:
+            break
+        choices = (["propose"] if pending_asks else []) + (["outcome"] if running else []) + \
+            (["late"] if later else []) + (["read"] if reads else [])
+        assert choices, "the search is stuck"
+        what = rng.choice(choices)
+        if what == "propose":
+            pending_asks -= 1
+            leaf = f"fit-{rng.randrange(4)}"
+            out = rule.handle(Proposed(trial, ("load", leaf), f"m@{leaf}", fused=True))
+            trial += 1
+        elif what == "outcome":
+            name = running.pop(rng.randrange(len(running)))
+            events = [TaskFinished(name)]
+            if name.startswith("fit-") and rng.random() >= lost:
+                msg = MetricSent(f"m@{name}", name, rng.random())
+                if rng.random() < 0.3:
+                    later.append(msg)
+                else:
+                    events.insert(0, msg)
+            out = rule.handle(*events)
+        elif what == "late":
+            out = rule.handle(later.pop(rng.randrange(len(later))))
+        else:
+            name = reads.pop(rng.randrange(len(reads)))
+            out = rule.handle(MetricRead(name, rng.random()))
+        for ins in out:
+            if isinstance(ins, Ask):
+                pending_asks += 1
+            elif isinstance(ins, Run):
+                running.extend(ins.names)
+                submitted.extend(ins.names)
+            elif isinstance(ins, Gather):
+                reads.extend(ins.names)
+            elif isinstance(ins, Tell):
+                told.append(ins.trial)
+        assert len(rule.open) + rule.asking <= in_flight
+    assert rule.finished
+    assert sorted(told) == list(range(n_trials))
+    assert len(submitted) == len(set(submitted))

@@ -32,8 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dask.task_spec import Task
-
 from ..errors import PipelineError
 from ..spec import Alternative, Call, ChooseSpec, ExploreSpec, SearchSpec, SourceSpec, Spec, StepSpec, describe
 from .compiler import compile_spec
@@ -86,12 +84,16 @@ class Proposal:
 
 @dataclass(frozen=True)
 class CompiledProposal:
-    """A proposal's tasks: ``tasks`` (key -> ``Task``: its steps and its metric read), ``path``
-    (its step keys, inputs first), ``metric`` (the read's key) and ``choices``."""
+    """A proposal's tasks: ``tasks`` (key -> ``Task``: its steps), ``path`` (its step keys,
+    inputs first), ``metric`` (the read's key) and ``read`` (the read's own task), ``fused``
+    (the last step reads the metric itself and sends it: ``graph.tasks.fusedmetric``; the read
+    task runs only if that message never comes) and ``choices``."""
 
     tasks: dict
     path: tuple[str, ...]
     metric: str
+    read: Any
+    fused: bool
     choices: dict
 
 
@@ -165,14 +167,11 @@ class SearchSpace:
 
 def compile_proposal(proposal: Proposal) -> CompiledProposal:
     """Compile ``proposal``'s branch with the compiler every run uses: keys equal another
-    proposal's (or a listed run's) for the same step, parameters and input. The metric is read
-    by a task of its own (not fused into the last step: a search reads it by key)."""
+    proposal's (or a listed run's) for the same step, parameters and input. Where the compiler
+    fuses the metric read into the last step (``graph.compiling.compiler.fuses_read``: a plain
+    step), the step sends its metric as it ends: one task per trial, no read to wait for."""
     c = compile_spec(proposal.spec)
     [branch] = c.branches
-    graph = dict(c.graph)
-    for key in set(c.fused.values()):  # the step as a plain step; its read runs as its own task
-        task = graph[key]
-        graph[key] = Task(key, task.func.fn, *task.args, **task.kwargs)
     metric = c.chooses[0].metric_keys[0]
-    tasks = {**graph, metric: c.metric_graph[metric]}
-    return CompiledProposal(tasks, tuple(branch.lineage), metric, proposal.choices)
+    return CompiledProposal(dict(c.graph), tuple(branch.lineage), metric, c.metric_graph[metric],
+                            metric in c.fused, proposal.choices)

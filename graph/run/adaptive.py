@@ -40,7 +40,7 @@ from ..errors import PipelineError, RunError
 from ..keys import identities_remembered
 from ..parcels import opened, set_client_process
 from ..spec import SearchSpec
-from ..state.events import Abort, Finished, Gather, MetricRead, Release, TaskFailed, TaskFinished
+from ..state.events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 from ..state.proposals import COMPLETE, FAIL, PRUNED, Ask, ProposalRule, Proposed, Run, SearchStart, Tell
 
 __all__ = ["SearchRecord", "run_search", "ExecutedCounter"]
@@ -104,6 +104,8 @@ class _Search:
         self.told_at: dict[int, float] = {}
         self.tracebacks: dict[str, str] = {}
         self.last: dict = {}  # the last proposal's tasks (a Run names some of them)
+        self.reads: dict = {}  # metric key -> its read task (submitted if a fused step's message never comes)
+        self.listener: Any = None
         self.step_keys: set[str] = set()
         self.metric_keys: set[str] = set()
         self.started = time.perf_counter()
@@ -125,7 +127,27 @@ class _Search:
                     batch.append(self.events.get_nowait())
             todo.extend(self.rule.handle(*[self.outcome(f) for f in batch]))
 
+    def listen(self) -> None:
+        """Take the metrics the last steps send themselves (``graph.tasks.fusedmetric``) as
+        :class:`MetricSent` events, in the queue the futures' outcomes go to."""
+        from ..tasks.fusedmetric import MetricListener
+
+        events = self.events
+
+        def on_message(msg: dict) -> None:  # on the client's event loop: queue only
+            step = msg["step"]
+            for mk, metric, scalars, error, trace in msg["reads"]:
+                events.put(MetricSent(mk, step, metric, scalars or {}, error, trace or ""))
+
+        self.listener = MetricListener(self.client, on_message)
+
     def outcome(self, fut: Any) -> Any:
+        if isinstance(fut, MetricSent):
+            if fut.error is None:
+                self.scalars.setdefault(fut.name, dict(fut.scalars))
+            elif fut.traceback:
+                self.tracebacks.setdefault(fut.name, fut.traceback)
+            return fut
         if fut.status == "finished":
             return TaskFinished(fut.key)
         try:
@@ -167,12 +189,13 @@ class _Search:
             return Proposed(number, (), "", error=f"{type(exc).__name__}: {exc}")
         self.choices[number] = proposal.choices
         self.last = proposal.tasks
+        self.reads.setdefault(proposal.metric, proposal.read)
         self.step_keys.update(proposal.path)
         self.metric_keys.add(proposal.metric)
-        return Proposed(number, proposal.path, proposal.metric)
+        return Proposed(number, proposal.path, proposal.metric, fused=proposal.fused)
 
     def submit(self, ins: Run) -> None:
-        tasks = {k: self.last[k] for k in ins.names}
+        tasks = {k: self.last[k] if k in self.last else self.reads[k] for k in ins.names}
         name = f"quiver-search-{uuid.uuid4().hex[:8]}"
         layer = MaterializedLayer(tasks, annotations={"priority": ins.priority})
         hlg = HighLevelGraph({name: layer}, {name: set()})
@@ -246,6 +269,9 @@ class _Search:
         return out
 
     def release_all(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         futs, self.futures = list(self.futures.values()), {}
         with contextlib.suppress(Exception):
             self.client.cancel([f for f in futs if not f.done()])
@@ -303,6 +329,7 @@ def run_search(
         run.space = space
         started = time.perf_counter()
         try:
+            run.listen()
             with identities_remembered():  # each step function's identity worked out once per search
                 run.run()
             value = run.best_value()

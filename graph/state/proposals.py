@@ -18,6 +18,9 @@ The rules, each written once here:
   is told the same at once (the same work fails the same way: it is not run again);
 * a proposal whose metric was read before (the same configuration again) is told that value at
   once, with nothing submitted: tasks executed stay the unique ones;
+* a metric the last step sends itself (``Proposed.fused``: a read fused into the step's task) is
+  taken from its :class:`graph.state.events.MetricSent`, the first one counting; the read task is
+  submitted only when the step finishes without it;
 * results a later proposal may share (every step but the last) are held for the search; the last
   step's result is let go once its metric is read, except the best trial's (the search's value).
 
@@ -40,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import Abort, Finished, Gather, MetricRead, Release, TaskFailed, TaskFinished
+from .events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 
 __all__ = [
     "COMPLETE",
@@ -69,12 +72,16 @@ class SearchStart:
 class Proposed:
     """The answer to an :class:`Ask`: trial ``trial``'s branch compiled to its step ``tasks``
     (keys, inputs before readers) and the key of its ``metric`` read; ``error`` when the
-    proposal could not be compiled (the trial is told ``FAIL`` with it)."""
+    proposal could not be compiled (the trial is told ``FAIL`` with it). ``fused``: the last
+    step reads the metric itself and sends it (:class:`graph.state.events.MetricSent`,
+    ``graph.tasks.fusedmetric``), so the read task is submitted only if that step finishes
+    without its message."""
 
     trial: int
     tasks: tuple[str, ...]
     metric: str
     error: str | None = None
+    fused: bool = False
 
 
 # ---- instructions (rule -> driver) ---------------------------------------------------------------
@@ -142,6 +149,8 @@ class ProposalRule:
     metrics: dict[str, float] = field(default_factory=dict)  # metric key -> the value read
     users: dict[str, set] = field(default_factory=dict)  # key -> open trials whose path holds it
     best: int | None = None  # the best COMPLETE trial so far
+    fused: dict[str, str] = field(default_factory=dict)  # metric key its last step sends -> that step's key
+    last_of: dict[str, int] = field(default_factory=dict)  # a last step's key -> the first trial ending at it
     submitted: int = 0  # keys submitted (the unique work of the search)
     reused: int = 0  # keys of proposals that were already done or in flight (shared, not rerun)
     finished: bool = False
@@ -179,6 +188,8 @@ class ProposalRule:
                 self._failed(ev.name, ev.error, out)
             elif isinstance(ev, MetricRead):
                 self._read(ev.name, ev.metric, out)
+            elif isinstance(ev, MetricSent):
+                self._sent(ev, out)
             elif isinstance(ev, Abort):
                 for t in self.open:
                     self._tell(t, FAIL, None, f"the search stopped: {ev.reason}", out)
@@ -219,8 +230,13 @@ class ProposalRule:
             self.reused += len(path)
             self._complete(ev.trial, self.metrics[rec.metric], out)
             return
-        new = tuple(k for k in path if k not in self.status)
-        self.reused += len(path) - len(new)
+        if rec.tasks:
+            self.last_of.setdefault(rec.tasks[-1], ev.trial)
+        if ev.fused and rec.tasks and rec.metric not in self.status:  # the last step sends it
+            self.fused.setdefault(rec.metric, rec.tasks[-1])
+        sent = rec.metric in self.fused and rec.metric not in self.status
+        new = tuple(k for k in path if k not in self.status and not (sent and k == rec.metric))
+        self.reused += len(path) - len(new) - sent
         for k in path:
             self.users.setdefault(k, set()).add(ev.trial)
         for k in new:
@@ -237,6 +253,35 @@ class ProposalRule:
         self.status[name] = "done"
         if any(self.trials[t].metric == name for t in self.users.get(name, ())):
             out.append(Gather((name,)))
+        t = self.last_of.get(name)
+        if t is None:
+            return
+        metric = self.trials[t].metric
+        if metric in self.fused and metric not in self.metrics and metric not in self.status:
+            # finished without its message (it came from elsewhere, or was lost): read it by task
+            waiting = [u for u in self.users.get(metric, ()) if self.trials[u].state is None]
+            if waiting:
+                self.status[metric] = "running"
+                self.submitted += 1
+                out.append(Run((metric,), priority=-min(self.trials[u].order for u in waiting)))
+        elif self.trials[t].state is not None:  # told before its step's own completion came in
+            self._let_go_last(t, out)
+
+    def _sent(self, ev: MetricSent, out: list) -> None:
+        """The last step sent its metric (before or after its own completion); the first counts."""
+        name = ev.name
+        if name not in self.fused or name in self.metrics or self.status.get(name) in ("failed", "done"):
+            return
+        if ev.error is not None:
+            self.status[name] = "failed"
+            self.errors[name] = ev.error
+            for t in sorted(self.users.get(name, ()), key=lambda t: self.trials[t].order):
+                if self.trials[t].state is None:
+                    self._tell(t, FAIL, None, ev.error, out)
+            return
+        was = self.status.get(name)  # "running": the read task went in after all; let it go
+        self.status[name] = "done"
+        self._read(name, ev.metric, out, release=was == "running")
 
     def _failed(self, name: str, error: str, out: list) -> None:
         if self.status.get(name) != "running":
@@ -248,7 +293,7 @@ class ProposalRule:
             if self.trials[t].state is None:
                 self._tell(t, state, None, error, out)
 
-    def _read(self, name: str, value: Any, out: list) -> None:
+    def _read(self, name: str, value: Any, out: list, release: bool = True) -> None:
         if name in self.metrics or self.status.get(name) != "done":
             return
         try:
@@ -260,7 +305,8 @@ class ProposalRule:
                          key=lambda t: self.trials[t].order)
         for t in waiting:
             self._complete(t, value, out)
-        out.append(Release((name,)))
+        if release:  # a metric its step sent has no result to let go
+            out.append(Release((name,)))
 
     def _complete(self, trial: int, value: float, out: list) -> None:
         if math.isnan(value):

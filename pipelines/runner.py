@@ -9,7 +9,8 @@ from .result import Result
 __all__ = ["run_node", "run_search_node", "SEARCH_OPTIONS"]
 
 #: the run options a search takes (docs/guide/adaptive.md); the others are not supported by one yet
-SEARCH_OPTIONS = ("workers", "threads_per_worker", "memory_limit", "progress", "quiet", "raise_if_all_failed")
+SEARCH_OPTIONS = ("workers", "threads_per_worker", "memory_limit", "progress", "quiet", "raise_if_all_failed",
+                  "stall_timeout")
 
 
 def run_options() -> dict[str, Any]:
@@ -129,15 +130,18 @@ def run_search_node(node: Any, client: Any = None, **options: Any):
 
     from .searchresult import SearchResult
 
-    unknown = [o for o in options if o not in SEARCH_OPTIONS]
+    known = run_options()
+    # an option a search does not take is refused only when set (a caller passing every option
+    # at its default, as a wrapper may, is not refused for it)
+    unknown = [o for o in options if o not in SEARCH_OPTIONS and not (o in known and options[o] == known[o])]
     if unknown:
-        known = run_options()
         not_yet = [o for o in unknown if o in known]
         if not_yet:
             raise TypeError(f"Node.run(): a search does not take {', '.join(map(repr, not_yet))} yet; "
                             f"its options: {', '.join(SEARCH_OPTIONS)}")
         raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; a search's options: "
                         f"{', '.join(SEARCH_OPTIONS)}")
+    options = {k: v for k, v in options.items() if k in SEARCH_OPTIONS}
     from graph.run.adaptive import run_search
 
     try:

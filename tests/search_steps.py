@@ -49,3 +49,11 @@ def pruned(v, a, log=None):
 def width(v, n, log=None):
     record(log, f"width({n})")
     return {"score": float(n) + v["x"]}
+
+
+def sleepy(v, a, log=None):
+    import time
+
+    record(log, f"sleepy({a!r})")
+    time.sleep(1.0)
+    return {"score": a}

@@ -141,3 +141,22 @@ def test_options_a_search_does_not_take_are_refused_by_name():
         node.run(memory_budget="1 GiB")
     with pytest.raises(TypeError, match="unknown option"):
         node.run(colour="red")
+
+
+def test_a_search_whose_workers_are_gone_is_stopped_by_the_watchdog_with_its_trials_told():
+    """The run's watchdog (graph.run.watchdog) watches a search too: no worker left, the search
+    ends with a RunError naming why, and its open trials are told FAIL (none left RUNNING)."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    node = Pipeline("gone").source(s.load).explore("model", space(s.sleepy, a=F)).search(
+        "score", n_trials=50, study=study, in_flight=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        threading.Timer(2.0, lambda: cluster.scale(0)).start()
+        with pytest.raises(graph.RunError, match="worker"):
+            node.run(c, progress=False, quiet=True, stall_timeout=3)
+    assert 1 <= len(study.trials) < 50
+    assert all(tr.state.name in ("COMPLETE", "FAIL") for tr in study.trials)

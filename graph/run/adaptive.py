@@ -106,6 +106,8 @@ class _Search:
         self.last: dict = {}  # the last proposal's tasks (a Run names some of them)
         self.reads: dict = {}  # metric key -> its read task (submitted if a fused step's message never comes)
         self.listener: Any = None
+        self.outcomes = 0  # outcomes and metrics taken: the watchdog's progress (an int, read by its thread)
+        self.stopped: str | None = None  # why the watchdog stopped the search
         self.step_keys: set[str] = set()
         self.metric_keys: set[str] = set()
         self.started = time.perf_counter()
@@ -141,7 +143,15 @@ class _Search:
 
         self.listener = MetricListener(self.client, on_message)
 
+    def stop(self, reason: str) -> None:
+        """From another thread (the watchdog): end the search with ``reason`` at its next step."""
+        self.stopped = reason
+        self.events.put(Abort(reason))
+
     def outcome(self, fut: Any) -> Any:
+        self.outcomes += 1
+        if isinstance(fut, Abort):
+            return fut
         if isinstance(fut, MetricSent):
             if fut.error is None:
                 self.scalars.setdefault(fut.name, dict(fut.scalars))
@@ -159,7 +169,7 @@ class _Search:
         return TaskFailed(fut.key, error)
 
     def apply(self, ins: Any) -> list:
-        if isinstance(ins, Ask):
+        if isinstance(ins, Ask) and self.stopped is None:
             return [self.ask()]
         if isinstance(ins, Run):
             self.submit(ins)
@@ -167,6 +177,11 @@ class _Search:
             return [self.read(name) for name in ins.names]
         elif isinstance(ins, Tell):
             self.tell(ins)
+        elif isinstance(ins, Ask):  # stopped meanwhile: the ask is answered by a failed proposal
+            trial = self.study.ask()
+            self.trials[trial.number] = trial
+            self.choices[trial.number] = {}
+            return [Proposed(trial.number, (), "", error=f"the search stopped: {self.stopped}")]
         elif isinstance(ins, Release):
             for name in ins.names:
                 fut = self.futures.pop(name, None)
@@ -304,9 +319,13 @@ def run_search(
     progress: bool | None = None,
     quiet: bool = False,
     raise_if_all_failed: bool = True,
+    stall_timeout: float | None = None,
 ) -> SearchRecord:
     """Run ``search`` on ``client`` (a ``Client``, an address, or ``None``: an embedded
-    ``LocalCluster`` of ``workers``) and return its :class:`SearchRecord`."""
+    ``LocalCluster`` of ``workers``) and return its :class:`SearchRecord`. ``stall_timeout``: the
+    watchdog's one meaning (``graph.state.watchdog.stall_seconds``): a search whose workers are
+    gone, paused or cannot run its tasks, or whose scheduler does not answer, for that long is
+    stopped with a ``RunError`` naming why (its open trials told ``FAIL``)."""
     from ..cluster.connect import connect
     from ..cluster.warmup import warm_workers
 
@@ -328,15 +347,26 @@ def run_search(
         run = _Search(search, c, in_flight, progress)
         run.space = space
         started = time.perf_counter()
+        from ..state.watchdog import stall_seconds
+        from .watchdog import Sampler
+
+        stall = stall_seconds(stall_timeout)
+        watchdog = Sampler(c, run.stop, stall, progress=lambda: run.outcomes).start() if stall else None
         try:
             run.listen()
             with identities_remembered():  # each step function's identity worked out once per search
                 run.run()
+            if watchdog is not None:
+                watchdog.stop()
+            if run.stopped is not None:
+                raise RunError(run.stopped)
             value = run.best_value()
         except BaseException as exc:
             run.abort(f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             wall = time.perf_counter() - started
             deadline = time.monotonic() + CLEANUP_SECONDS
             executed: dict = {}

@@ -57,3 +57,8 @@ def sleepy(v, a, log=None):
     record(log, f"sleepy({a!r})")
     time.sleep(1.0)
     return {"score": a}
+
+
+def deep(v, depth, log=None):
+    record(log, f"deep({depth})")
+    return {"score": float(depth)}

@@ -160,3 +160,35 @@ def test_a_search_whose_workers_are_gone_is_stopped_by_the_watchdog_with_its_tri
             node.run(c, progress=False, quiet=True, stall_timeout=3)
     assert 1 <= len(study.trials) < 50
     assert all(tr.state.name in ("COMPLETE", "FAIL") for tr in study.trials)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: optuna.samplers.TPESampler(seed=0),
+    lambda: optuna.samplers.RandomSampler(seed=0),
+    lambda: pytest.importorskip("cmaes") and optuna.samplers.CmaEsSampler(seed=0),
+    lambda: pytest.importorskip("torch") and pytest.importorskip("scipy") and optuna.samplers.GPSampler(seed=0),
+    lambda: optuna.samplers.QMCSampler(seed=0),
+    lambda: optuna.samplers.GridSampler({"prep": ["double", "negate"], "model": ["fit", "deep"],
+                                         "model.a": [-1.0, 0.0, 1.0], "model.depth": [2, 3]}, seed=0),
+], ids=["tpe", "random", "cmaes", "gp", "qmc", "grid"])
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_each_sampler_answers_the_space_through_ask_and_tell(make):
+    """No cluster: the space's questions (an explore's choice, conditional distributions) asked of
+    a real study with each sampler, each answer compiled to the same keys a second time."""
+    from graph.compiling.trials import SearchSpace, compile_proposal
+
+    node = Pipeline("samplers").source(s.load).explore("prep", s.double, s.negate).explore(
+        "model", space(s.fit, a=FloatDistribution(-1.0, 1.0)), space(s.deep, depth=IntDistribution(2, 3))).search(
+        "score", n_trials=6)
+    sp = SearchSpace(node.spec)
+    assert set(sp.names()) == {"prep", "model", "model.a", "model.depth"}
+    study = optuna.create_study(direction="maximize", sampler=make())
+    for _ in range(6):
+        trial = study.ask()
+        proposal = sp.suggest(trial)
+        first, again = compile_proposal(proposal), compile_proposal(sp.suggest(optuna.trial.FixedTrial(trial.params)))
+        assert first.path == again.path and first.metric == again.metric
+        label, params = proposal.choices["model"]
+        assert set(params) == ({"a"} if label == "fit" else {"depth"})
+        study.tell(trial, float(len(trial.params)))
+    assert all(tr.state.name == "COMPLETE" for tr in study.trials)

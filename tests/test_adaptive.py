@@ -192,3 +192,20 @@ def test_each_sampler_answers_the_space_through_ask_and_tell(make):
         assert set(params) == ({"a"} if label == "fit" else {"depth"})
         study.tell(trial, float(len(trial.params)))
     assert all(tr.state.name == "COMPLETE" for tr in study.trials)
+
+
+def test_the_names_a_sampler_sees():
+    """An explore is a categorical named after it (a grid's points by label and values); a
+    space's parameter is "<explore>.<param>", or "<explore>.<label>.<param>" when two
+    alternatives of the explore share its name."""
+    from graph.compiling.trials import SearchSpace
+    from pipelines import grid
+
+    node = (Pipeline("names").source(s.load)
+            .explore("prep", grid(s.width, n=[1, 2]))
+            .then(s.double)
+            .explore("model", space(s.fit, a=F), space(s.fragile, a=F), space(s.deep, depth=IntDistribution(1, 4))))
+    names = SearchSpace(node.search("score").spec).names()
+    assert names["prep"] == ("width(n=1)", "width(n=2)")
+    assert names["model"] == ("fit", "fragile", "deep")
+    assert set(names) == {"prep", "model", "model.fit.a", "model.fragile.a", "model.depth"}

@@ -90,9 +90,9 @@ def _study(search: SearchSpec) -> Any:
 
 
 class _Search:
-    def __init__(self, search: SearchSpec, client: Any, in_flight: int, progress: bool):
+    def __init__(self, search: SearchSpec, space: SearchSpace, client: Any, in_flight: int, progress: bool):
         self.search, self.client, self.progress = search, client, progress
-        self.space = SearchSpace(search)
+        self.space = space
         self.study = _study(search)
         self.rule = ProposalRule(search.n_trials, in_flight, search.mode)
         self.events: queue.Queue = queue.Queue()
@@ -344,8 +344,7 @@ def run_search(
         warm_workers(c, modules)
         counter = ExecutedCounter(f"quiver-search-{uuid.uuid4().hex[:8]}")
         answered(c.register_plugin, counter, what="registering the search's counter")
-        run = _Search(search, c, in_flight, progress)
-        run.space = space
+        run = _Search(search, space, c, in_flight, progress)
         started = time.perf_counter()
         from ..state.watchdog import stall_seconds
         from .watchdog import Sampler

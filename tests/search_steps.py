@@ -62,3 +62,14 @@ def sleepy(v, a, log=None):
 def deep(v, depth, log=None):
     record(log, f"deep({depth})")
     return {"score": float(depth)}
+
+
+def epochs(v, lr, log=None):
+    """An iterative (generator) step as a search's last step: its reports are not read yet, its
+    return value is the trial's."""
+    record(log, f"epochs({lr!r})")
+    acc = 0.0
+    for _ in range(3):
+        acc += lr
+        yield {"score": acc}
+    return {"score": acc}

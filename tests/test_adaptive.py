@@ -209,3 +209,12 @@ def test_the_names_a_sampler_sees():
     assert names["prep"] == ("width(n=1)", "width(n=2)")
     assert names["model"] == ("fit", "fragile", "deep")
     assert set(names) == {"prep", "model", "model.fit.a", "model.fragile.a", "model.depth"}
+
+
+def test_a_generator_step_can_end_a_search_and_its_return_value_is_told(client):
+    node = Pipeline("gen").source(s.load).explore("train", space(s.epochs, lr=FloatDistribution(0.0, 1.0))).search(
+        "score", n_trials=4, sampler=optuna.samplers.RandomSampler(seed=0))
+    result = node.run(client, progress=False, quiet=True)
+    t = result.table
+    assert set(t["state"]) == {"COMPLETE"}
+    assert all(abs(v - 3 * lr) < 1e-9 for v, lr in zip(t["value"], t["train.lr"]))

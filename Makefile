@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench,ucx,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,bench,optuna,ucx,docs]"
 	touch $@
 
 # The demo's own, lighter marker: the project and scikit-learn in the same .venv (no torch, Ray,

@@ -64,10 +64,10 @@ def compile(node: Any):  # noqa: A001 - the contract name (docs/architecture.md 
     (3, 4)
     """
     from .compiling.compiler import compile_spec
-    from .spec import ChooseSpec, CombineSpec, ExploreSpec, SourceSpec, StepSpec
+    from .spec import ChooseSpec, CombineSpec, ExploreSpec, SearchSpec, SourceSpec, StepSpec
 
     spec = getattr(node, "spec", node)
-    if not isinstance(spec, (SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec)):
+    if not isinstance(spec, (SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec, SearchSpec)):
         raise PipelineError(
             f"graph.compile: expected a pipeline node (pipelines.Node) or a graph.spec value, got "
             f"{type(node).__name__}. Build one with pipelines.Pipeline(name).source(fn)."

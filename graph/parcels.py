@@ -73,8 +73,40 @@ class ValueCannotTravel(TypeError):
     """A step's value cannot be pickled, so it cannot leave the worker that made it."""
 
 
+#: the address a received buffer must start at (numpy's own allocations are aligned so)
+ALIGNMENT = 16
+
+
+def _aligned(buffer: Any) -> Any:
+    """``buffer``, or an aligned copy of it when it starts at an address that is not a multiple of
+    :data:`ALIGNMENT`. A value's buffers arrive from another worker as slices of the frames Dask
+    received, at any byte offset, and a numpy array unpickled on one at an odd address is
+    *unaligned*: every ufunc and BLAS call on it then takes numpy's slow, buffered path. Measured
+    (issue 47's benchmark, 2 workers): a ``LogisticRegression`` fit on a fetched 16,000 x 200 table
+    took 9.2 s at offset 41 against 0.9 s on an aligned copy of it. One copy per parcel, when it is
+    opened (a memcpy), restores the speed.
+
+    >>> import numpy as np
+    >>> raw = bytearray(8 * 4 + 1)
+    >>> odd = memoryview(raw)[1:]
+    >>> np.frombuffer(_aligned(odd), dtype=np.uint8).ctypes.data % ALIGNMENT
+    0
+    """
+    import numpy as np
+
+    try:
+        view = np.frombuffer(buffer, dtype=np.uint8)
+    except (TypeError, ValueError):  # not a plain contiguous buffer: left to pickle as it is
+        return buffer
+    if view.ctypes.data % ALIGNMENT == 0:
+        return buffer
+    out = np.empty(view.shape, dtype=np.uint8)
+    out[...] = view
+    return out
+
+
 def _loads(head: bytes, buffers: tuple) -> Any:
-    return pickle.loads(head, buffers=buffers)
+    return pickle.loads(head, buffers=tuple(_aligned(b) for b in buffers))
 
 
 class Parcel:

@@ -25,6 +25,7 @@ __all__ = [
     "CombineSpec",
     "ChooseSpec",
     "PruneSpec",
+    "SearchSpec",
     "Spec",
     "describe",
     "upstream",
@@ -82,10 +83,12 @@ class Call:
 
 @dataclass(frozen=True, eq=False)
 class Alternative:
-    """One alternative of an explore: its label, function and parameters."""
+    """One alternative of an explore: its label, function and parameters; ``space``: parameters
+    a search's sampler proposes, ``((name, distribution), ...)`` (``pipelines.space``; issue 47)."""
 
     label: str
     call: Call
+    space: Params = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,7 +181,24 @@ class ChooseSpec:
         return self.k == 1 or (self.k is None and self.threshold is None)
 
 
-Spec = Union[SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec]
+@dataclass(frozen=True, eq=False)
+class SearchSpec:
+    """An adaptive search over the branches flowing in (issue 47): ``n_trials`` proposals of a
+    sampler (any Optuna sampler, or the ``study``'s), ``in_flight`` of them at a time (``None``:
+    the cluster's threads), each a branch whose ``metric`` is told to the sampler. What
+    ``Node.search`` returns, checked there; ``graph.run.adaptive`` runs it."""
+
+    input: "Spec"
+    metric: Union[str, Callable[[Any], Any]]
+    metric_name: str
+    mode: str = "max"
+    n_trials: int = 100
+    in_flight: int | None = None
+    sampler: Any = None
+    study: Any = None
+
+
+Spec = Union[SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec, SearchSpec]
 
 
 def upstream(spec: Spec) -> tuple[Spec, ...]:
@@ -206,6 +226,8 @@ def describe(spec: Spec) -> str:
         what = f"explore({spec.name!r})"
     elif isinstance(spec, CombineSpec):
         what = f"combine({spec.call.label}, {', '.join(n for n, _ in spec.inputs)})"
+    elif isinstance(spec, SearchSpec):
+        what = f"search({spec.metric_name!r})"
     else:
         what = f"choose({spec.metric_name!r})"
     return f"pipeline {pipeline_name(spec)!r}, {what}"
@@ -244,6 +266,8 @@ def _branches(spec: Spec, decided: bool, memo: dict) -> int:
             n *= _branches(s, decided, memo)
     else:
         n = _branches(spec.input, decided, memo)
+        if decided and isinstance(spec, SearchSpec):  # the best trial is its value
+            n = min(n, 1)
         if decided and isinstance(spec, ChooseSpec) and spec.per is None:
             if spec.single:
                 n = min(n, 1)

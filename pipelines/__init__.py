@@ -17,8 +17,10 @@ from .builder import Node, Pipeline, combine
 from .collections import eager, lazy
 from .pruning import halving
 from .result import Result
+from .searchresult import SearchResult
+from .space import space
 
-__all__ = ["Pipeline", "Node", "grid", "combine", "halving", "Result", "lazy", "eager", "PipelineError", "RunError", "from_sklearn"]
+__all__ = ["Pipeline", "Node", "grid", "space", "combine", "halving", "Result", "SearchResult", "lazy", "eager", "PipelineError", "RunError", "from_sklearn"]
 
 
 def __getattr__(name: str):

@@ -15,6 +15,8 @@ from typing import Any
 from graph.errors import PipelineError
 from graph.spec import Alternative, Call, fn_name
 
+from .space import Space
+
 __all__ = ["Grid", "grid", "expand"]
 
 
@@ -105,13 +107,18 @@ def expand(where: str, positional: tuple, named: dict[str, Any]) -> tuple[Altern
             base = label or (fn_name(alt.fn) if callable(alt.fn) else "grid")
             for point in alt.points(where):
                 out.append(Alternative(base, Call.of(alt.fn, point)))
+        elif isinstance(alt, Space):  # a search's sampler proposes its distributions (issue 47)
+            dists = alt.distributions(where)
+            name = label or (fn_name(alt.fn) if callable(alt.fn) else "space")
+            out.append(Alternative(name, Call.of(alt.fn, alt.fixed), space=dists))
         elif callable(alt):
             out.append(Alternative(label or fn_name(alt), Call.of(alt)))
         else:
             what = f"alternative {label!r}" if label else f"alternative #{len(out) + 1}"
             raise PipelineError(
                 f"{where}: {what} is a {type(alt).__name__} ({alt!r}), not a callable. Pass a "
-                "step function fn(value, **params), or grid(fn, param=[...]) for a parameter grid."
+                "step function fn(value, **params), grid(fn, param=[...]) for a parameter grid, or "
+                "space(fn, param=FloatDistribution(...)) for a search space."
             )
     if not out:
         raise PipelineError(
@@ -120,7 +127,7 @@ def expand(where: str, positional: tuple, named: dict[str, Any]) -> tuple[Altern
         )
     seen: dict[tuple, int] = {}
     for i, a in enumerate(out):
-        ident = (a.label, repr(a.call.params))
+        ident = (a.label, repr(a.call.params), repr(a.space))
         if ident in seen:
             raise PipelineError(
                 f"{where}: alternatives #{seen[ident] + 1} and #{i + 1} are both labelled "

@@ -33,6 +33,7 @@ from graph.spec import (
     PruneSpec,
     CombineSpec,
     ExploreSpec,
+    SearchSpec,
     SourceSpec,
     Spec,
     StepSpec,
@@ -44,6 +45,7 @@ from graph.spec import (
 from graph.spec import branch_limit, count_branches
 
 from .alternatives import count, expand
+from .space import is_distribution
 
 __all__ = ["Pipeline", "Node", "combine"]
 
@@ -66,6 +68,12 @@ def _check_call(where: str, call: Call, inputs: tuple[str, ...] | None) -> None:
             raise PipelineError(
                 f"{where}: parameter {name!r} of {call.label} is a pipeline node; parameters are fixed "
                 f"values. To feed a node's output into a step, use combine({call.label}, {name}=node, ...)."
+            )
+        if is_distribution(value):
+            raise PipelineError(
+                f"{where}: parameter {name!r} of {call.label} is an Optuna distribution, which only a "
+                f"search proposes from: write explore(name, space({call.label}, {name}=...)) and run it "
+                "with .search(metric, n_trials=...)."
             )
         check_tokenizable(where, f"parameter {name!r} of {call.label}", value)
     try:
@@ -158,6 +166,9 @@ class Node:
         <Node pipeline 'p', then(abs): up to 1 branch>
         """
         where = f"{describe(self.spec)} -> then({_label(fn)})"
+        from .search import refuse_after_search
+
+        refuse_after_search(where, self.spec)
         _check_callable(where, fn, "step")
         call = _call(fn, params)
         _check_call(where, call, None)
@@ -172,6 +183,9 @@ class Node:
         <Node pipeline 'p', explore('add'): up to 3 branches>
         """
         where = f"{describe(self.spec)} -> explore({name!r})"
+        from .search import refuse_after_search
+
+        refuse_after_search(where, self.spec)
         if not isinstance(name, str) or not name.strip():
             raise PipelineError(
                 f"{where}: the explore name must be a non-empty string naming the choice "
@@ -186,7 +200,10 @@ class Node:
         _check_branch_limit(where, count_branches(self.spec), count(alternatives, named_alternatives, where))
         alts = expand(where, alternatives, named_alternatives)
         for alt in alts:
-            _check_call(f"{where}, alternative {alt.label!r}", alt.call, None)
+            call = alt.call
+            if alt.space:  # the signature must take the proposed parameters too
+                call = Call(call.fn, call.params + tuple((n, None) for n, _ in alt.space), call.label)
+            _check_call(f"{where}, alternative {alt.label!r}", call, None)
         return Node(ExploreSpec(self.spec, name, alts))
 
     def choose(
@@ -245,6 +262,9 @@ class Node:
             )
         if prune is not None:
             _check_prune(where, self.spec, prune)
+        from .search import refuse_space_upstream
+
+        refuse_space_upstream(where, self.spec)
         return Node(
             ChooseSpec(
                 self.spec,
@@ -257,6 +277,39 @@ class Node:
                 prune,
             )
         )
+
+    def search(
+        self,
+        metric: str | Callable[[Any], float],
+        mode: str = "max",
+        *,
+        n_trials: int = 100,
+        sampler: Any = None,
+        study: Any = None,
+        in_flight: int | None = None,
+    ) -> "Node":
+        """An adaptive search over the branches flowing in (issue 47; docs/guide/adaptive.md):
+        a sampler proposes ``n_trials`` branches, each explore's alternative (a categorical
+        choice named after the explore) and the distributions of ``space(...)`` alternatives,
+        ``in_flight`` at a time (default: the cluster's threads), as results arrive; every
+        branch is a trial told ``metric`` (``mode="max"``/``"min"``). ``sampler``: any Optuna
+        sampler (default: Optuna's, TPE); or ``study``: an ``optuna.Study`` (any storage) whose
+        sampler, direction and earlier trials the search continues. Shared prefixes of the
+        proposals run once. ``.run()`` returns a :class:`pipelines.SearchResult`.
+
+        >>> from optuna.distributions import FloatDistribution
+        >>> from pipelines import Pipeline, space
+        >>> def f(x, a): return {"score": -(x - a) ** 2}
+        >>> Pipeline("p").source(lambda: 1).explore("a", space(f, a=FloatDistribution(0, 2))).search("score", n_trials=5)
+        <Node pipeline 'p', search('score'): up to 1 branch>
+        """
+        from .search import check_search
+
+        label = metric if isinstance(metric, str) else fn_name(metric) if callable(metric) else repr(metric)
+        where = f"{describe(self.spec)} -> search({label!r})"
+        check_search(where, self.spec, metric, mode, n_trials, sampler, study, in_flight)
+        return Node(SearchSpec(self.spec, metric, label, mode, int(n_trials),
+                               None if in_flight is None else int(in_flight), sampler, study))
 
     def size_hint(self, nbytes: Any) -> "Node":
         """Say how big this node's step output is (per branch), for the memory plan.
@@ -348,6 +401,10 @@ def combine(fn: Callable, **inputs: Any) -> Node:
     call = _call(fn, params)
     first = next(iter(nodes.values())).spec
     _check_call(f"{describe(first)} -> {where}", call, tuple(nodes))
+    from .search import refuse_space_upstream
+
+    for n in nodes.values():
+        refuse_space_upstream(f"{describe(first)} -> {where}", n.spec)
     return Node(CombineSpec(tuple((k, n.spec) for k, n in nodes.items()), call))
 
 

@@ -321,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("distributed").setLevel(logging.INFO)
     try:
         node = load_node(args.file, args.node)
+        from graph.spec import SearchSpec
+
+        if isinstance(node.spec, SearchSpec):  # issue 47: not through the CLI yet
+            raise CLIError(f"{args.file}: {node!r} is a search (node.search(...)); quiver run does not run "
+                           "searches yet: call .run() on it in the script (docs/guide/adaptive.md)")
         result = node.run(
             args.scheduler,
             workers=args.workers,

@@ -6,7 +6,11 @@ from typing import Any
 
 from .result import Result
 
-__all__ = ["run_node"]
+__all__ = ["run_node", "run_search_node", "SEARCH_OPTIONS"]
+
+#: the run options a search takes (docs/guide/adaptive.md); the others are not supported by one yet
+SEARCH_OPTIONS = ("workers", "threads_per_worker", "memory_limit", "progress", "quiet", "raise_if_all_failed",
+                  "stall_timeout")
 
 
 def run_options() -> dict[str, Any]:
@@ -25,6 +29,10 @@ def run_node(node: Any, client: Any = None, **options: Any) -> Result:
     """Run ``node``'s exploration: refuse bad options and definitions before a cluster starts,
     then run it (``graph.execute``: the one run path) and wrap the record in a :class:`Result`.
     ``options``: :func:`run_options` (``tracking``: log it to MLflow, :mod:`pipelines.tracking`)."""
+    from graph.spec import SearchSpec
+
+    if isinstance(getattr(node, "spec", None), SearchSpec):  # an adaptive search (issue 47)
+        return run_search_node(node, client, **options)
     known = run_options()
     unknown = [o for o in options if o not in known]
     if unknown:  # a clear message rather than a TypeError deep in the run
@@ -113,3 +121,49 @@ def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, th
 
         plan_memory(compiled, memory_budget, workers=workers or default_workers())
     return compiled
+
+
+def run_search_node(node: Any, client: Any = None, **options: Any):
+    """Run a ``node.search(...)`` node (``graph.run.adaptive.run_search``) and wrap its record in a
+    :class:`pipelines.SearchResult`."""
+    import graph
+
+    from .searchresult import SearchResult
+
+    known = run_options()
+    # an option a search does not take is refused only when set (a caller passing every option
+    # at its default, as a wrapper may, is not refused for it)
+    unknown = [o for o in options if o not in SEARCH_OPTIONS and not (o in known and options[o] == known[o])]
+    if unknown:
+        not_yet = [o for o in unknown if o in known]
+        if not_yet:
+            raise TypeError(f"Node.run(): a search does not take {', '.join(map(repr, not_yet))} yet; "
+                            f"its options: {', '.join(SEARCH_OPTIONS)}")
+        raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; a search's options: "
+                        f"{', '.join(SEARCH_OPTIONS)}")
+    options = {k: v for k, v in options.items() if k in SEARCH_OPTIONS}
+    from graph.run.adaptive import run_search
+
+    try:
+        record = run_search(node.spec, client, **options)
+    except graph.RunError as exc:
+        record = getattr(exc, "record", None)
+        if record is not None:
+            exc.result = _search_result(record)  # type: ignore[attr-defined]
+            exc.table = exc.result.table  # type: ignore[attr-defined]
+        raise
+    return _search_result(record)
+
+
+def _search_result(record: Any):
+    import pandas as pd
+
+    from .searchresult import SearchResult
+
+    table = pd.DataFrame(record.rows)
+    params = None
+    if record.best is not None:
+        found = [t for t in record.study.get_trials(deepcopy=False) if t.number == record.best]
+        params = dict(found[0].params) if found else None
+    return SearchResult(table=table, value=record.value, study=record.study, best_trial=record.best,
+                        best_params=params, stats=record.stats)

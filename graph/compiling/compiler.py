@@ -259,6 +259,12 @@ class _Compiler:
         if isinstance(spec, StepSpec):
             return [self._extend(spec, b, spec.call, b.choice_items) for b in self.branches(spec.input)]
         if isinstance(spec, ExploreSpec):
+            if any(a.space for a in spec.alternatives):  # issue 47: a sampler proposes its parameters
+                raise PipelineError(
+                    f"{describe(spec)}: space(...) alternatives have parameters only a search proposes; "
+                    "end the pipeline with .search(metric, n_trials=...) and run that node "
+                    "(graph.compiling.trials compiles one proposal at a time)."
+                )
             out = []
             for b in self.branches(spec.input):
                 for alt in spec.alternatives:
@@ -267,6 +273,11 @@ class _Compiler:
             return out
         if isinstance(spec, CombineSpec):
             return self._combine(spec)
+        if not isinstance(spec, ChooseSpec):  # a SearchSpec: compiled per proposal (graph.compiling.trials)
+            raise PipelineError(
+                f"{describe(spec)}: a search is compiled one proposal at a time as it runs; run the node "
+                "(node.run()), or compile its input (graph.compile(node.spec.input) for a listed explore)."
+            )
         return self._choose(spec)
 
     def _extend(self, spec: Spec, b: Branch, call: Call, items: tuple) -> Branch:

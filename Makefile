@@ -59,7 +59,7 @@ $(NEWEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(NEWEST)/bin/python -m pip install --quiet torch==2.13.0
-	$(NEWEST)/bin/python -m pip install --quiet ".[test,examples]" "dask==$(NEWEST_DASK)" "distributed==$(NEWEST_DASK)"
+	$(NEWEST)/bin/python -m pip install --quiet ".[test,examples,optuna]" "dask==$(NEWEST_DASK)" "distributed==$(NEWEST_DASK)"
 	touch $@
 
 test-newest: $(NEWEST)/.installed

@@ -1,0 +1,311 @@
+"""Benchmark: the memory planner on ordinary Dask code (issue 46).
+
+    python benchmarks/memory_corpus.py                       # every workload at 1.4x the cluster's memory
+    python benchmarks/memory_corpus.py --workloads a --repeats 3
+    python benchmarks/memory_corpus.py --size 10 --workloads a,e --repeats 1
+    python benchmarks/memory_corpus.py --small               # a CI-sized smoke run of every workload
+
+A corpus of explorations written the way Dask's own documentation writes ``dask.array`` and
+``dask.dataframe`` code: slicing, ``da.concatenate``, ``@``, ``rechunk``, ``da.where``, reductions,
+``dd.read_parquet`` of real files, ``fillna`` with means, ``categorize`` + ``get_dummies``,
+``groupby().agg()`` + ``merge``; ``map_blocks`` only where a user would write it (a small solve).
+
+(a) ridge: the exploration of issue 46 as written there: a ``lazy`` source of 80 seeded
+    ``da.from_delayed`` chunks (20,000 x 61 float64 each, 745 MiB at ``--size 1``... see
+    ``SIZES``), 3 cleanings x 2 feature sets x 3 ridge alphas (closed form, accuracy metric).
+(b) arrays: ``rechunk``, ``@``/``tensordot``, reductions over both axes and ``da.where``.
+(c) frame: ``dd.read_parquet``, column arithmetic, ``fillna`` with means, ``categorize`` +
+    ``get_dummies``, a split by a column, a linear model from partial sums.
+(d) groupby: ``groupby(...).agg(...)`` features ``merge``d back (a shuffle) before the model.
+(e) expand: one branch's intermediate much larger than the source (feature expansion) beside
+    branches where it is smaller.
+
+Each workload runs twice on a fresh 2 x 640 MiB cluster each, alternating: Quiver with
+``memory_budget`` = the cluster's memory, and one plain ``dask.compute`` of the same branches.
+Recorded per run: wall, bytes Dask spilled (the workers' own counters) and why, executed /
+unique tasks, peak memory (sum of the workers' process memory), the plan's predicted peak and
+planned spill, and the branch chosen (Quiver's; plain Dask's by the same metric). Results go to
+``benchmarks/results/memory_corpus.json`` (``--output`` to change).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"  # one BLAS thread everywhere: both methods on exactly the same cores
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+MiB = 2**20
+WORKER_MEMORY = 640 * MiB
+WORKERS = 2
+CLUSTER = WORKERS * WORKER_MEMORY
+
+
+def _here():
+    """This module by its importable name: Dask ships its functions by reference."""
+    return importlib.import_module("benchmarks.memory_corpus")
+
+
+# ---------------------------------------------------------------- (a) ridge, as issue 46 wrote it
+
+RIDGE_COLS = 61  # 60 features and a 0/1 label
+
+
+def ridge_chunk(seed: int, i: int, rows: int) -> np.ndarray:
+    """One seeded chunk: 60 heavy-tailed features and a 0/1 label (the last column)."""
+    rng = np.random.default_rng([seed, i])
+    x = rng.standard_t(4, size=(rows, RIDGE_COLS - 1))
+    score = x[:, :10] @ np.linspace(1.0, -0.5, 10) + 0.3 * np.sign(x[:, 10]) * np.log1p(abs(x[:, 10]))
+    y = (score + rng.standard_normal(rows) > 0).astype(float)
+    return np.concatenate([x, y[:, None]], axis=1)
+
+
+def ridge_source(chunks: int = 80, rows: int = 20_000, seed: int = 0):
+    """``lazy``: the table as a user builds it from a generator: ``da.from_delayed`` per chunk."""
+    import dask
+    import dask.array as da
+
+    make = dask.delayed(_here().ridge_chunk)
+    parts = [da.from_delayed(make(seed, i, rows), shape=(rows, RIDGE_COLS), dtype=float) for i in range(chunks)]
+    return da.concatenate(parts, axis=0)
+
+
+def clean_none(a):
+    return a
+
+
+def clean_clip(a):
+    import dask.array as da
+
+    return da.concatenate([da.clip(a[:, :-1], -3, 3), a[:, -1:]], axis=1)
+
+
+def clean_signlog(a):
+    import dask.array as da
+
+    x = a[:, :-1]
+    return da.concatenate([da.sign(x) * da.log1p(abs(x)), a[:, -1:]], axis=1)
+
+
+def features(a, kind: str):
+    import dask.array as da
+
+    if kind == "columns":
+        return a
+    x = a[:, :-1]
+    return da.concatenate([x, x[:, :10] ** 2, a[:, -1:]], axis=1)
+
+
+def ridge(a, alpha: float):
+    """Ridge in closed form with an intercept; accuracy of ``prediction > 0.5`` on the last 20%."""
+    import dask.array as da
+
+    n = a.shape[0]
+    x, y = a[:, :-1], a[:, -1]
+    x = da.concatenate([da.ones((n, 1), chunks=(x.chunks[0], 1)), x], axis=1)
+    p = x.shape[1]
+    cut = int(n * 0.8)
+    xt, yt, xv, yv = x[:cut], y[:cut], x[cut:], y[cut:]
+    gram = (xt.T @ xt).rechunk((p, p)) + alpha * da.eye(p, chunks=p)
+    rhs = (xt.T @ yt).rechunk(p)
+    w = da.map_blocks(np.linalg.solve, gram, rhs, drop_axis=1, dtype=float)
+    return {"accuracy": (((xv @ w) > 0.5) == yv).mean()}
+
+
+RIDGE_ALPHAS = (0.1, 1e3, 1e5)
+
+
+def ridge_pipeline(chunks: int, rows: int):
+    from pipelines import Pipeline, grid, lazy
+
+    m = _here()
+    return (Pipeline("ridge").source(lazy(m.ridge_source), chunks=chunks, rows=rows)
+            .explore("cleaning", m.clean_none, m.clean_clip, m.clean_signlog)
+            .explore("features", grid(m.features, kind=["columns", "squares"]))
+            .explore("model", grid(m.ridge, alpha=list(RIDGE_ALPHAS)))
+            .choose("accuracy", mode="max"))
+
+
+def ridge_branches(chunks: int, rows: int) -> dict:
+    m = _here()
+    src = m.ridge_source(chunks, rows)
+    out = {}
+    for cname, clean in (("clean_none", m.clean_none), ("clean_clip", m.clean_clip), ("clean_signlog", m.clean_signlog)):
+        c = clean(src)
+        for kind in ("columns", "squares"):
+            f = m.features(c, kind)
+            for a in RIDGE_ALPHAS:
+                out[(cname, kind, a)] = m.ridge(f, a)["accuracy"]
+    return out
+
+
+def ridge_row_key(row) -> tuple:
+    return (row["cleaning"], row["features.kind"], float(row["model.alpha"]))
+
+
+WORKLOADS: dict = {}
+
+
+def _ridge(size: float) -> dict:
+    rows = 20_000
+    # size 1.0 = issue 46's table: 80 chunks of 20,000 x 61 float64 (745 MiB)
+    chunks = max(2, int(round(80 * size)))
+    return {"pipeline": lambda: ridge_pipeline(chunks, rows), "branches": lambda: ridge_branches(chunks, rows),
+            "row_key": ridge_row_key, "metric": "accuracy", "mode": "max",
+            "data_bytes": chunks * rows * RIDGE_COLS * 8, "describe": f"{chunks} x {rows:,} x {RIDGE_COLS} float64"}
+
+
+WORKLOADS["a"] = ("ridge", _ridge)
+
+
+# ---------------------------------------------------------------- running
+
+def _fresh_cluster():
+    from distributed import Client, LocalCluster
+
+    lc = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", memory_limit=WORKER_MEMORY)
+    return lc, Client(lc)
+
+
+def _causes(client) -> dict:
+    from benchmarks.collections_explore import spill_causes
+
+    out: dict = {}
+    for per in client.run(spill_causes).values():
+        for k, v in per.items():
+            out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+PLAN_STATS = ("working_memory", "monitor_spilled_bytes", "target_spilled_bytes", "recompute_seconds", "predicted_recompute_seconds", "planned_views", "predicted_peak_bytes", "predicted_spill_bytes", "planned_spill", "planned_recompute", "planned_keep",
+              "recomputed_tasks", "second_pass_copies", "memory_plan_note", "worker_pauses", "naive_tasks",
+              "unique_tasks", "executed_tasks", "peak_prediction_ratio", "disk_bandwidth", "memory_plan_installed",
+              "planned_spill_bytes", "monitor_spilled_bytes", "recompute_seconds", "memory_why")
+
+
+def run_one(method: str, w: dict, budget: int) -> dict:
+    """One method on a fresh cluster: measured and the branch it chose."""
+    import dask
+
+    from benchmarks.collections_explore import Measured
+
+    lc, client = _fresh_cluster()
+    try:
+        with Measured(client) as meas:
+            if method == "dask":
+                branches = w["branches"]()
+                values = dict(zip(branches, map(float, dask.compute(*branches.values()))))
+                extra: dict = {}
+            else:
+                r = w["pipeline"]().run(client, memory_budget=budget, progress=False, quiet=True)
+                values = {w["row_key"](row): float(row[w["metric"]]) for _, row in r.table.iterrows()}
+                extra = {k: r.stats.get(k) for k in PLAN_STATS if k in r.stats}
+                if r.memory_plan is not None:
+                    extra["plan_text_head"] = str(r.memory_plan).splitlines()[:4]
+        res = dict(meas.result, **extra, spill_causes=_causes(client))
+    finally:
+        client.close()
+        lc.close()
+    pick = max if w["mode"] == "max" else min
+    res["chosen"] = str(pick(values, key=values.get))
+    res["metric_values"] = {str(k): v for k, v in values.items()}
+    return res
+
+
+def summarise(name: str, w: dict, budget: int, runs: dict) -> dict:
+    data = w["data_bytes"]
+    must_leave = max(0, data - budget)
+    q, d = runs["quiver"], runs["dask"]
+    med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else None  # noqa: E731
+    row = {
+        "workload": name, "data_bytes": data, "budget": budget, "must_leave_bytes": must_leave,
+        "quiver_wall_s": med(q, "wall_s"), "dask_wall_s": med(d, "wall_s"),
+        "quiver_wall_range": [min(r["wall_s"] for r in q), max(r["wall_s"] for r in q)] if q else None,
+        "dask_wall_range": [min(r["wall_s"] for r in d), max(r["wall_s"] for r in d)] if d else None,
+        "quiver_spilled": med(q, "spilled_bytes"), "dask_spilled": med(d, "spilled_bytes"),
+        "quiver_peak": med(q, "peak_memory_bytes"), "dask_peak": med(d, "peak_memory_bytes"),
+        "predicted_peak": med([r for r in q if r.get("predicted_peak_bytes")], "predicted_peak_bytes") if q else None,
+        "quiver_executed": med(q, "executed_tasks"), "quiver_unique": med(q, "distinct_keys"),
+        "dask_executed": med(d, "executed_tasks"),
+        "same_choice": bool(q and d and q[0]["chosen"] == d[0]["chosen"]),
+    }
+    if q and d:
+        row["wall_ratio"] = row["quiver_wall_s"] / row["dask_wall_s"]
+        row["targets"] = {
+            "spilled <= 2x must leave": row["quiver_spilled"] <= 2 * must_leave + 16 * MiB,
+            "spilled <= plain dask": row["quiver_spilled"] <= max(row["dask_spilled"], 16 * MiB),
+            "wall <= 1.0x plain dask": row["wall_ratio"] <= 1.0,
+            "same choice": row["same_choice"],
+            "peak within budget": row["quiver_peak"] <= budget,
+            "predicted peak within 25%": bool(row["predicted_peak"])
+            and abs(row["quiver_peak"] / row["predicted_peak"] - 1) <= 0.25,
+            "executed <= 1.1x unique": row["quiver_executed"] <= 1.1 * row["quiver_unique"],
+        }
+    return row
+
+
+def main(argv=None) -> int:
+    from dask.utils import format_bytes
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--size", type=float, default=None,
+                    help="data size relative to issue 46's sizes (1.0 = its 745 MiB ridge table); default 1.4x the cluster")
+    ap.add_argument("--small", action="store_true", help="a CI-sized smoke run")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--methods", default="quiver,dask")
+    ap.add_argument("--output", type=Path, default=None)
+    args = ap.parse_args(argv)
+    budget = CLUSTER
+    methods = args.methods.split(",")
+    rows, all_runs = [], {}
+    print(f"memory_corpus: 2 workers x {format_bytes(WORKER_MEMORY)}, budget {format_bytes(budget)}; load average "
+          f"{os.getloadavg()[0]:.1f} (a shared machine skews walls)", flush=True)
+    for wid in args.workloads.split(","):
+        name, make = WORKLOADS[wid]
+        size = 0.05 if args.small else (args.size if args.size is not None else None)
+        w = make(size if size is not None else 1.4 * CLUSTER / (80 * 20_000 * RIDGE_COLS * 8))
+        print(f"({wid}) {name}: {w['describe']} = {format_bytes(w['data_bytes'])}", flush=True)
+        runs: dict = {m: [] for m in ("quiver", "dask")}
+        for rep in range(args.repeats):
+            for m in (methods if rep % 2 == 0 else methods[::-1]):
+                res = run_one(m, w, budget)
+                runs[m].append(res)
+                print(f"  {m:<7} run {rep + 1}: {res['wall_s']:.1f}s, spilled {format_bytes(res['spilled_bytes'])}, "
+                      f"peak {format_bytes(res['peak_memory_bytes'])}, executed {res['executed_tasks']} / unique "
+                      f"{res['distinct_keys']}, predicted peak {format_bytes(res.get('predicted_peak_bytes') or 0)}, "
+                      f"planned spill {format_bytes(res.get('predicted_spill_bytes') or 0)}, chose {res['chosen']}; "
+                      f"causes (MiB) { {k: round(v / MiB) for k, v in sorted(res['spill_causes'].items())} }", flush=True)
+                if res.get("memory_plan_note"):
+                    print(f"    note: {res['memory_plan_note']}", flush=True)
+        row = summarise(f"({wid}) {name}", w, budget, runs)
+        rows.append(row)
+        all_runs[wid] = runs
+        print(f"  -> {json.dumps({k: v for k, v in row.items() if k == 'targets' or 'wall' in k}, default=str)}", flush=True)
+    out = args.output or RESULTS / ("memory_corpus.small.json" if args.small else "memory_corpus.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "memory_corpus", "worker_memory": WORKER_MEMORY, "workers": WORKERS,
+                               "budget": budget, "rows": rows, "runs": all_runs,
+                               "load_average_end": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                              indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -520,6 +520,7 @@ class BudgetedRun:
             strict=strict,
             working=working,
             second_passes=bool(self.copyable),
+            monitor_margin=True,  # a run: keep results under Dask's target line (plan.py: _below_target)
         )
 
     def replan(self, decided: dict) -> frozenset:

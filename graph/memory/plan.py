@@ -314,6 +314,7 @@ def plan_memory(
     thresholds: Thresholds | None = None,
     working: Mapping[Any, int] | None = None,
     second_passes: bool = False,
+    monitor_margin: bool = False,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -333,6 +334,10 @@ def plan_memory(
     pass Dask's spill line (where its memory monitor would write held results), so neither happens.
     ``second_passes``: ``compiled`` holds second passes' copies, as a run whose data do not fit
     runs them (graph/state/secondpass.py; graph/memory/budget.py makes it); recorded in the plan.
+    ``monitor_margin``: results may fill a worker only up to Dask's ``target`` line, not its ``spill``
+    line (a run's budget asks for it): memory no plan sees (a task's inputs read back, transfer
+    buffers, allocator slack) then has the band between them before Dask's memory monitor acts,
+    which, once it does, writes held results down to ``target`` in any case.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -343,10 +348,13 @@ def plan_memory(
         raise ValueError(f"workers must be at least 1, got {workers}")
     baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
     thresholds = dask_thresholds() if thresholds is None else thresholds
-    worker_data = _room_for_results(budget, workers, baseline, thresholds)
+    worker_data = room = _room_for_results(budget, workers, baseline, thresholds)
+    if monitor_margin:
+        worker_data = _below_target(worker_data, budget, workers, thresholds)
     est = _estimates(compiled, sizes, default_size)
     sched = execution_order(compiled, decided, threads=threads or workers)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
+    walk.room = room  # what a single step may need (the margin is for eviction, not a refusal)
     working = dict(working or {})
     steps = by_step(working)
     limit = worker_limits(budget, workers)
@@ -383,6 +391,23 @@ def _room_for_results(budget: int, workers: int, baseline: int, thresholds: Thre
     return worker_data
 
 
+def _below_target(worker_data: int, budget: int, workers: int, thresholds: Thresholds) -> int:
+    """The room for results less the band between Dask's ``target`` and ``spill`` lines (never less
+    than half the room). Issue 46's ridge filled a worker's room to its spill line (448 MiB of 640:
+    idle 181 + results 267); process memory reached 458-464 MiB, and the memory monitor wrote
+    16.7 GiB of results the plan meant to hold, down to ``target`` each time.
+
+    >>> M = 2**20
+    >>> _below_target(267 * M, 1280 * M, 2, Thresholds()) // M     # 640 MiB workers: 64 MiB band
+    203
+    """
+    t, s = thresholds.target, thresholds.spill
+    if t in (False, None) or s in (False, None) or float(t) >= float(s):
+        return worker_data
+    band = int(worker_limits(budget, workers) * (float(s) - float(t)))
+    return max(worker_data - band, worker_data // 2)
+
+
 def _estimates(compiled: Any, sizes: SizeEstimates | Mapping[str, int] | None, default_size: int) -> SizeEstimates:
     """The size estimates the plan reads: the given ones, with the compiled size hints."""
     if isinstance(sizes, SizeEstimates):
@@ -395,7 +420,7 @@ def _estimates(compiled: Any, sizes: SizeEstimates | Mapping[str, int] | None, d
 def _step_fits(key: str, inputs: list, need: int, walk: "_Belady", est: SizeEstimates, strict: bool,
                budget: int, workers: int, baseline: int) -> None:
     """A step whose inputs and output cannot fit in one worker's share: refused (``strict``) or listed."""
-    if need <= walk.capacity:
+    if need <= max(walk.capacity, walk.room):
         return
     if not strict:
         walk.too_big.append(key)
@@ -460,6 +485,7 @@ class _Belady:
         self.evicted_at: dict[str, int] = {}
         self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0, "working": 0, "recompute_s": 0.0}
         self.temps: dict[str, int] = {}  # key -> its temporaries while it runs (measured working memory)
+        self.room = capacity  # a step needing more than this is refused (plan_memory may set it above capacity)
         self.headroom = 0  # temporaries up to it need no room (0: they need it under the spill line)
 
     def deps_task(self, key: str):

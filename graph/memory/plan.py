@@ -37,7 +37,7 @@ from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
 from .cost import KEEP, RECOMPUTE, SPILL, decide
-from .interleave import interleave, rootish_groups
+from .interleave import dask_ranks, interleave, rootish_groups
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
@@ -278,9 +278,16 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
             excluded.append((keys, gates))
     # each stage is one submission: Dask runs its partitions across sibling branches (interleave.py)
     rootish = rootish_groups(order, deps, threads)
-    if rootish:
+    parts = _partitions(compiled, order)
+    if rootish or parts:
         bounds = sorted(stage_starts.values()) + [len(order)]
-        order = [k for a, b in zip(bounds, bounds[1:]) for k in interleave(order[a:b], deps, threads, rootish)]
+        staged = []
+        for a, b in zip(bounds, bounds[1:]):
+            stage = order[a:b]
+            inside = [k for k in stage if k in parts]
+            tie = dask_ranks(inside, deps) if inside else None  # partitions: one priority, Dask's order
+            staged.extend(interleave(stage, deps, threads, rootish, tie=tie))
+        order = staged
     pos = {k: i for i, k in enumerate(order)}
     decide_at = {
         cp.index: max((pos[m] for m in cp.metric_keys if m in pos), default=-1) + 0.5 for cp in compiled.chooses
@@ -296,6 +303,15 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
                 hold_until[k] = max(hold_until.get(k, -1.0), decide_at[c_drop])
                 keep_chance[k] = max(keep_chance.get(k, 0.0), assumed[c_drop][1][i_drop])
     return _Schedule(order, held, hold_until, keep_chance)
+
+
+def _partitions(compiled: Any, order: list) -> set:
+    """The keys of ``order`` that are a collection's tasks (a second pass's copies included): they
+    run at their stage's one priority, in Dask's own order (graph.state.order.stage_priority)."""
+    from ..keys import original_key
+
+    steps = getattr(compiled, "step_of", None) or {}
+    return {k for k in order if original_key(k) in steps} if steps else set()
 
 
 def plan_memory(

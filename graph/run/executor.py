@@ -718,7 +718,7 @@ class _Run:
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
             stats.update(_iterative_stats(state, driver))
         stats.update(self.budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
-        plan = getattr(self.budget, "plan", None) if getattr(self, "budget", None) is not None else None
+        plan = getattr(getattr(self, "budgeted", None), "plan", None)
         if "memory_why" in stats and plan is not None:  # with the second passes counted (they are the state's)
             from ..memory.plan import why_text
 

@@ -333,12 +333,14 @@ def frame_fit(df, alpha: float):
     import dask.array as da
 
     cols = _numeric(df)
-    train, valid = df[df.split == "train"], df[df.split == "valid"]
-    xt, yt = train[cols].to_dask_array(), train["y"].to_dask_array()
     p = len(cols)
+    # X and y from one selection: read apart, Dask may fuse a frame's files differently per column set
+    train = df[df.split == "train"][cols + ["y"]].to_dask_array()
+    valid = df[df.split == "valid"][cols + ["y"]].to_dask_array()
+    xt, yt = train[:, :p], train[:, p]
     gram = (xt.T @ xt).rechunk((p, p)) + alpha * da.eye(p, chunks=p)
     w = da.map_blocks(np.linalg.solve, gram, (xt.T @ yt).rechunk(p), drop_axis=1, dtype=float)
-    err = valid[cols].to_dask_array() @ w - valid["y"].to_dask_array()
+    err = valid[:, :p] @ w - valid[:, p]
     return {"mse": (err ** 2).mean()}
 
 

@@ -627,6 +627,16 @@ def markdown(rows: list) -> str:
     return "\n".join(out)
 
 
+def _write(args, budget: int, rows: list, all_runs: dict) -> Path:
+    out = args.output or RESULTS / ("memory_corpus.small.json" if args.small else "memory_corpus.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "memory_corpus", "worker_memory": WORKER_MEMORY, "workers": WORKERS,
+                               "budget": budget, "rows": rows, "runs": all_runs,
+                               "load_average_end": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                              indent=2, default=str) + "\n")
+    return out
+
+
 def main(argv=None) -> int:
     from dask.utils import format_bytes
 
@@ -676,12 +686,8 @@ def main(argv=None) -> int:
         rows.append(row)
         all_runs[wid] = runs
         print(f"  -> {json.dumps({k: v for k, v in row.items() if k == 'targets' or 'wall' in k}, default=str)}", flush=True)
-    out = args.output or RESULTS / ("memory_corpus.small.json" if args.small else "memory_corpus.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "memory_corpus", "worker_memory": WORKER_MEMORY, "workers": WORKERS,
-                               "budget": budget, "rows": rows, "runs": all_runs,
-                               "load_average_end": os.getloadavg()[0], "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-                              indent=2, default=str) + "\n")
+        _write(args, budget, rows, all_runs)  # after every workload: a later one failing loses nothing
+    out = _write(args, budget, rows, all_runs)
     print(markdown(rows))
     print(f"wrote {out}")
     return 0

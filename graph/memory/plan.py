@@ -438,6 +438,10 @@ def _step_fits(key: str, inputs: list, need: int, walk: "_Belady", est: SizeEsti
     """A step whose inputs and output cannot fit in one worker's share: refused (``strict``) or listed."""
     if need <= max(walk.capacity, walk.room):
         return
+    from ..keys import original_key
+
+    if original_key(key) != key:  # a copy (a second pass's, a recompute's): its original was judged;
+        return  # a copy's root also waits for the reductions it gates on, sized by default before they run
     if not strict:
         walk.too_big.append(key)
         return

@@ -94,11 +94,13 @@ def test_the_plan_counts_the_running_steps_temporaries_in_its_peak():
     measured = {grows[0]: 260 * MiB}  # one instance measured: its 200 MiB beyond its result stand for all
     with_ = plan_memory(c, budget, working=measured, **kw)
     assert without.predicted_working_peak == without.predicted_data_peak  # nothing measured: as before
-    # a worker's share for results is 448 - 100 = 348 MiB, and temporaries up to 64 MiB fit below
-    # the pause line: the 4th grow needs 60 + (200 - 64) MiB beside 3 x 60 held, so one result
-    # goes to disk first; the worst moment is then 2 results held + the new one + 200 MiB running
-    assert with_.predicted_working_peak == (3 * 60 + 200) * MiB + 1024  # (+ the seed the grows read)
-    assert with_.spill_bytes == 60 * MiB
+    # a worker's share for results is 448 - 100 = 348 MiB, and temporaries need room under the spill
+    # line too (past it Dask's memory monitor writes held results, issue 46): a grow's 200 MiB of
+    # temporaries beside its 60 MiB result leave room for 88 MiB of held results, so held grows go
+    # to disk first; the worst moment stays within the share: 2 x 60 held + 200 MiB running
+    assert with_.predicted_working_peak == (2 * 60 + 200) * MiB + 1024  # (+ the seed the grows read)
+    assert with_.predicted_working_peak <= with_.worker_data_budget
+    assert with_.spill_bytes >= 60 * MiB
     assert with_.predicted_peak == (100 * MiB + with_.predicted_working_peak) * 2
     assert with_.predicted_peak > without.predicted_peak
     assert with_.summary()["predicted_working_peak_bytes"] == with_.predicted_working_peak

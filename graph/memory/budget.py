@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import PipelineError, RunError
 from .limits import HEAVY_LIBRARIES, dask_thresholds, data_share, idle_memory_note, worker_limits
-from .plan import DEFAULT_DISK_BANDWIDTH, MemoryPlan, NoRoomForResults, plan_memory
+from .plan import DEFAULT_DISK_BANDWIDTH, MemoryPlan, NoRoomForResults, plan_memory, why_text
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .spill import MemoryPlanPlugin, spill_metrics, update_plan_on_worker
 from .working import blame_killed, by_step, killed_message
@@ -520,6 +520,7 @@ class BudgetedRun:
             strict=strict,
             working=working,
             second_passes=bool(self.copyable),
+            monitor_margin=True,  # a run: keep results under Dask's target line (plan.py: _below_target)
         )
 
     def replan(self, decided: dict) -> frozenset:
@@ -571,7 +572,11 @@ class BudgetedRun:
         out: dict[str, Any] = {
             "spilled_bytes": int(_delta(self.before, after, "write_bytes")),
             "read_back_bytes": int(_delta(self.before, after, "read_bytes")),
+            # why it was written: Dask's memory monitor (a worker's process memory past the spill
+            # threshold: not planned) or the results a worker held past its spill target (the plan's)
+            "monitor_spilled_bytes": int(_delta(self.before, after, "monitor_write_bytes")),
             "recomputed_tasks": sum(n - 1 for n in executed.values() if n > 1),
+            "recompute_seconds": _recompute_seconds(executed, snap.get("seconds", {})),
             "worker_pauses": int(snap.get("pauses", 0)),
             "paused_seconds": float(snap.get("paused_seconds", 0.0)),
         }
@@ -592,8 +597,26 @@ class BudgetedRun:
             out["measured_result_bytes"] = sum(measured.values())
             from .plan import compare_with_run  # predicted vs measured, and why they differ
 
+            out["target_spilled_bytes"] = out["spilled_bytes"] - out["monitor_spilled_bytes"]
             out.update(compare_with_run(self.plan, {**snap, "spilled_bytes": out["spilled_bytes"]}))
+            out["memory_why"] = why_text(self.plan, out)
         return out
+
+
+def _recompute_seconds(executed: dict, seconds: dict) -> float:
+    """Compute seconds spent running results again: a key run more than once (its later runs) and
+    every copy of a key (a dropped result recomputed, a second pass's partition).
+
+    >>> _recompute_seconds({"a": 2, "b": 1, "b~again1": 1}, {"a": 1.5, "b": 9.0, "b~again1": 0.5})
+    2.0
+    """
+    from ..keys import original_key
+
+    total = 0.0
+    for k, n in executed.items():
+        runs_again = n - 1 + (1 if original_key(k) != k else 0)
+        total += runs_again * float(seconds.get(k, 0.0))
+    return total
 
 
 def _with_second_passes(compiled: Any, copyable: frozenset) -> Any:

@@ -32,7 +32,31 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from ..state.secondpass import partition_layer
 
-__all__ = ["interleave", "rootish_groups"]
+__all__ = ["dask_ranks", "interleave", "rootish_groups"]
+
+
+def dask_ranks(keys: Sequence[Hashable], deps: Callable[[Hashable], Iterable[Hashable]]) -> dict:
+    """``dask.order.order`` of ``keys`` (inputs outside them count as done): the tie-break Dask uses
+    among tasks of one priority, as a rank per key.
+
+    >>> d = {"a": (), "b": ("a",), "c": ()}
+    >>> r = dask_ranks(list(d), d.__getitem__)
+    >>> sorted(r.values()), r["a"] < r["b"]
+    ([0, 1, 2], True)
+    """
+    from dask.order import order
+    from dask.task_spec import DataNode, Task, TaskRef
+
+    inside = set(keys)
+    graph = {}
+    for k in keys:
+        refs = [TaskRef(d) for d in deps(k) if d in inside]
+        graph[k] = Task(k, _noop, *refs) if refs else DataNode(k, None)
+    return dict(order(graph))
+
+
+def _noop(*_args):
+    return None
 
 
 def _group(key: Hashable) -> Hashable:
@@ -60,13 +84,25 @@ def rootish_groups(keys: Iterable[Hashable], deps: Callable[[Hashable], Iterable
 
 
 def interleave(order: Sequence[Hashable], deps: Callable[[Hashable], Iterable[Hashable]], threads: int,
-               rootish: set | None = None) -> list:
+               rootish: set | None = None, tie: dict | None = None) -> list:
     """``order`` (one submission's tasks, depth-first, each after its inputs) as Dask runs it:
     ready non-root-ish tasks first, earliest in ``order`` first; a root-ish task only when none
     is ready. Inputs outside ``order`` count as done. ``rootish``: the root-ish groups when
     already known (:func:`rootish_groups` over the whole run, whose group sizes a single
-    submission may not show)."""
+    submission may not show). ``tie``: for a collection's partitions, which all carry their
+    stage's one priority (``graph.state.order.stage_priority``), Dask's own order among them
+    (:func:`dask_ranks`): they run before the stage's plain tasks, in that order.
+
+    >>> deps = {("s", 0): (), ("s", 1): (), ("a", 0): (("s", 0),), ("a", 1): (("s", 1),),
+    ...         ("b", 0): (("s", 0),), ("b", 1): (("s", 1),)}
+    >>> depth_first = [("s", 0), ("a", 0), ("s", 1), ("a", 1), ("b", 0), ("b", 1)]
+    >>> tie = {("s", 0): 0, ("a", 0): 1, ("b", 0): 2, ("s", 1): 3, ("a", 1): 4, ("b", 1): 5}  # Dask's, say
+    >>> interleave(depth_first, deps.__getitem__, 1, rootish=set(), tie=tie)
+    [('s', 0), ('a', 0), ('b', 0), ('s', 1), ('a', 1), ('b', 1)]
+    """
     pos = {k: i for i, k in enumerate(order)}
+    if tie:
+        pos = {k: (0, tie[k]) if k in tie else (1, i) for k, i in pos.items()}
     if rootish is None:
         rootish = rootish_groups(order, deps, threads)
     waiting: dict[Hashable, int] = {}

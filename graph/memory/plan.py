@@ -36,7 +36,8 @@ from typing import Any
 from ..errors import PipelineError
 from ..state.order import run_order, run_targets  # the one run order (the executor's priorities too)
 from ..walk import postorder
-from .interleave import interleave, rootish_groups
+from .cost import KEEP, RECOMPUTE, SPILL, decide
+from .interleave import dask_ranks, interleave, rootish_groups
 from .limits import Thresholds, dask_thresholds, data_share, worker_limits
 from .sizes import SizeEstimates, format_bytes, parse_bytes, step_of
 from .working import by_step, temporaries, working_of
@@ -48,6 +49,7 @@ __all__ = [
     "execution_order",
     "plan_memory",
     "compare_with_run",
+    "why_text",
     "KEEP",
     "SPILL",
     "RECOMPUTE",
@@ -55,7 +57,7 @@ __all__ = [
     "DEFAULT_DISK_BANDWIDTH",
 ]
 
-KEEP, SPILL, RECOMPUTE = "keep", "spill", "recompute"
+# the decisions and the rule that makes them: graph.memory.cost (one owner)
 #: assumed memory of an idle worker process (Python, NumPy, Dask) when none is measured
 DEFAULT_BASELINE = 160 * 2**20
 #: assumed disk throughput (bytes/s) when deciding spill vs recompute
@@ -104,6 +106,9 @@ class MemoryPlan:
     working: dict = field(default_factory=dict)  # measured working memory per key (graph.memory.working)
     predicted_working_peak: int = 0  # results held plus the running task's temporaries, at the worst moment
     second_passes: bool = False  # planned with second passes' copies (graph/state/secondpass.py)
+    recompute_seconds: float = 0.0  # the measured seconds the planned recomputations cost (graph.memory.cost)
+    views: int = 0  # results sharing an input's memory (slices, transposes, aliases): counted once
+    after_run: str = ""  # once the run is over: planned against Dask's spills and recomputations (why_text)
 
     @property
     def evicts(self) -> bool:
@@ -151,6 +156,8 @@ class MemoryPlan:
             "predicted_working_peak_bytes": max(self.predicted_data_peak, self.predicted_working_peak),
             "predicted_spill_bytes": self.spill_bytes,
             "predicted_recomputed_tasks": self.recomputed,
+            "predicted_recompute_seconds": self.recompute_seconds,
+            "planned_views": self.views,
             "planned_keep": self.count(KEEP),
             "planned_spill": self.count(SPILL),
             "planned_recompute": self.count(RECOMPUTE),
@@ -170,7 +177,12 @@ class MemoryPlan:
             + "\n"
             f"  {self.count(KEEP)} kept, {self.count(SPILL)} spilled "
             f"({format_bytes(self.spill_bytes)} written, {format_bytes(self.read_bytes)} read back), "
-            f"{self.count(RECOMPUTE)} recomputed; sizes: "
+            f"{self.count(RECOMPUTE)} recomputed"
+            + (f" ({self.recompute_seconds:.1f} s of measured compute, cheaper than the disk round trip)"
+               if self.recompute_seconds else "")
+            + (f"; {self.views} views or aliases of an input counted once (no bytes of their own, never spilled)"
+               if self.views else "")
+            + "; sizes: "
             + ", ".join(f"{n} {src}" for src, n in sorted(self.estimated_keys.items()))
         )
         rows = [f"  {'step':<24} {'size':>10} {'from':<8} {'action':<9} uses (of {len(self.order)} tasks)"]
@@ -180,7 +192,8 @@ class MemoryPlan:
             if len(rows) > 40:
                 rows.append(f"  ... {len(self.decisions) - 40} more")
                 break
-        return head + "\n" + "\n".join(rows)
+        tail = f"\n  after the run: {self.after_run}" if self.after_run else ""
+        return head + tail + "\n" + "\n".join(rows)
 
     @property
     def droppable(self) -> frozenset[str]:
@@ -265,9 +278,16 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
             excluded.append((keys, gates))
     # each stage is one submission: Dask runs its partitions across sibling branches (interleave.py)
     rootish = rootish_groups(order, deps, threads)
-    if rootish:
+    parts = _partitions(compiled, order)
+    if rootish or parts:
         bounds = sorted(stage_starts.values()) + [len(order)]
-        order = [k for a, b in zip(bounds, bounds[1:]) for k in interleave(order[a:b], deps, threads, rootish)]
+        staged = []
+        for a, b in zip(bounds, bounds[1:]):
+            stage = order[a:b]
+            inside = [k for k in stage if k in parts]
+            tie = dask_ranks(inside, deps) if inside else None  # partitions: one priority, Dask's order
+            staged.extend(interleave(stage, deps, threads, rootish, tie=tie))
+        order = staged
     pos = {k: i for i, k in enumerate(order)}
     decide_at = {
         cp.index: max((pos[m] for m in cp.metric_keys if m in pos), default=-1) + 0.5 for cp in compiled.chooses
@@ -283,6 +303,15 @@ def execution_order(compiled: Any, decided: Mapping[tuple[int, int], str] | None
                 hold_until[k] = max(hold_until.get(k, -1.0), decide_at[c_drop])
                 keep_chance[k] = max(keep_chance.get(k, 0.0), assumed[c_drop][1][i_drop])
     return _Schedule(order, held, hold_until, keep_chance)
+
+
+def _partitions(compiled: Any, order: list) -> set:
+    """The keys of ``order`` that are a collection's tasks (a second pass's copies included): they
+    run at their stage's one priority, in Dask's own order (graph.state.order.stage_priority)."""
+    from ..keys import original_key
+
+    steps = getattr(compiled, "step_of", None) or {}
+    return {k for k in order if original_key(k) in steps} if steps else set()
 
 
 def plan_memory(
@@ -301,6 +330,7 @@ def plan_memory(
     thresholds: Thresholds | None = None,
     working: Mapping[Any, int] | None = None,
     second_passes: bool = False,
+    monitor_margin: bool = False,
 ) -> MemoryPlan:
     """Plan ``compiled`` for ``budget`` bytes in all (``"2 GiB"`` or an int), split over ``workers``.
 
@@ -317,9 +347,13 @@ def plan_memory(
     ``working``: measured working memory per key (what a task's worker rose by while it ran;
     a step's other instances get its largest). A task's temporaries (working memory less its
     result) count toward the peak while it runs, and the plan makes room for those that would
-    pass the gap between Dask's spill and pause lines, so the worker need not pause.
+    pass Dask's spill line (where its memory monitor would write held results), so neither happens.
     ``second_passes``: ``compiled`` holds second passes' copies, as a run whose data do not fit
     runs them (graph/state/secondpass.py; graph/memory/budget.py makes it); recorded in the plan.
+    ``monitor_margin``: results may fill a worker only up to Dask's ``target`` line, not its ``spill``
+    line (a run's budget asks for it): memory no plan sees (a task's inputs read back, transfer
+    buffers, allocator slack) then has the band between them before Dask's memory monitor acts,
+    which, once it does, writes held results down to ``target`` in any case.
 
     Raises ``PipelineError`` when a single step needs more than one worker's share
     of the budget (its inputs and its output together), naming the step and sizes;
@@ -330,16 +364,22 @@ def plan_memory(
         raise ValueError(f"workers must be at least 1, got {workers}")
     baseline = DEFAULT_BASELINE if baseline is None else int(baseline)
     thresholds = dask_thresholds() if thresholds is None else thresholds
-    worker_data = _room_for_results(budget, workers, baseline, thresholds)
+    worker_data = room = _room_for_results(budget, workers, baseline, thresholds)
+    if monitor_margin:
+        worker_data = _below_target(worker_data, budget, workers, thresholds)
     est = _estimates(compiled, sizes, default_size)
     sched = execution_order(compiled, decided, threads=threads or workers)
     walk = _Belady(compiled, sched, est, dict(seconds or {}), disk_bandwidth, worker_data)
+    walk.room = room  # what a single step may need (the margin is for eviction, not a refusal)
     working = dict(working or {})
     steps = by_step(working)
     limit = worker_limits(budget, workers)
-    pause = thresholds.pause if thresholds.pause not in (False, None) else thresholds.results_fraction
     walk.temps = {k: temporaries(working_of(k, working, steps), walk.size[k]) for k in walk.order} if working else {}
-    walk.headroom = max(int(limit * float(pause)) - int(limit * thresholds.results_fraction), 0)
+    # temporaries need room under the spill line, not the pause line: past it Dask's memory monitor
+    # writes held results to disk (by process memory, every 100 ms) down to its target, which on
+    # issue 46's ridge (2 x 640 MiB) wrote 16.8 GiB the plan never planned while results filled
+    # the share to the spill line
+    walk.headroom = 0
     walk.run(lambda k, inputs, need: _step_fits(k, inputs, need, walk, est, strict, budget, workers, baseline))
     plan = walk.plan(budget, workers, baseline, thresholds)
     plan.working = working
@@ -367,6 +407,23 @@ def _room_for_results(budget: int, workers: int, baseline: int, thresholds: Thre
     return worker_data
 
 
+def _below_target(worker_data: int, budget: int, workers: int, thresholds: Thresholds) -> int:
+    """The room for results less the band between Dask's ``target`` and ``spill`` lines (never less
+    than half the room). Issue 46's ridge filled a worker's room to its spill line (448 MiB of 640:
+    idle 181 + results 267); process memory reached 458-464 MiB, and the memory monitor wrote
+    16.7 GiB of results the plan meant to hold, down to ``target`` each time.
+
+    >>> M = 2**20
+    >>> _below_target(267 * M, 1280 * M, 2, Thresholds()) // M     # 640 MiB workers: 64 MiB band
+    203
+    """
+    t, s = thresholds.target, thresholds.spill
+    if t in (False, None) or s in (False, None) or float(t) >= float(s):
+        return worker_data
+    band = int(worker_limits(budget, workers) * (float(s) - float(t)))
+    return max(worker_data - band, worker_data // 2)
+
+
 def _estimates(compiled: Any, sizes: SizeEstimates | Mapping[str, int] | None, default_size: int) -> SizeEstimates:
     """The size estimates the plan reads: the given ones, with the compiled size hints."""
     if isinstance(sizes, SizeEstimates):
@@ -379,8 +436,12 @@ def _estimates(compiled: Any, sizes: SizeEstimates | Mapping[str, int] | None, d
 def _step_fits(key: str, inputs: list, need: int, walk: "_Belady", est: SizeEstimates, strict: bool,
                budget: int, workers: int, baseline: int) -> None:
     """A step whose inputs and output cannot fit in one worker's share: refused (``strict``) or listed."""
-    if need <= walk.capacity:
+    if need <= max(walk.capacity, walk.room):
         return
+    from ..keys import original_key
+
+    if original_key(key) != key:  # a copy (a second pass's, a recompute's): its original was judged;
+        return  # a copy's root also waits for the reductions it gates on, sized by default before they run
     if not strict:
         walk.too_big.append(key)
         return
@@ -410,9 +471,20 @@ class _Belady:
         self.order = sched.order
         self.uses = _uses(compiled, sched)
         self.size = {k: est.get(k) for k in self.order}
+        # a view or alias of an input (a slice, a transpose, da.concatenate's pass-through block)
+        # holds no bytes of its own: it costs nothing, keeps its owner alive while it lives, and
+        # only the owner is ever evicted (writing a view to disk frees nothing)
+        self.views = _views(self.order, self.deps_task, self.size)
+        for v, owner in self.views.items():
+            self.size[v] = 0
+            if owner in self.uses:
+                self.uses[owner] = sorted(set(self.uses[owner]) | set(self.uses[v]))
         self.step_seconds: dict[str, float] = {}
+        self.layer_seconds: dict[Any, float] = {}  # a partition's layer: its siblings' seconds are the closest
         for k, v in seconds.items():
             self.step_seconds[step_of(k)] = max(self.step_seconds.get(step_of(k), 0.0), v)
+            if isinstance(k, tuple) and k:
+                self.layer_seconds[k[0]] = max(self.layer_seconds.get(k[0], 0.0), v)
         self.costs: dict[str, float] = {}
         # a result is alive while a later task reads it or a choose may still want it: until its
         # death (its last use, or the end of its hold); the walk releases it at the first step past
@@ -431,17 +503,25 @@ class _Belady:
         self.on_disk: set[str] = set()
         self.action: dict[str, str] = {}
         self.evicted_at: dict[str, int] = {}
-        self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0, "working": 0}
+        self.tally = {"total": 0, "peak": 0, "spill": 0, "read": 0, "recomputed": 0, "working": 0, "recompute_s": 0.0}
         self.temps: dict[str, int] = {}  # key -> its temporaries while it runs (measured working memory)
-        self.headroom = 0  # bytes between Dask's spill and pause lines: temporaries up to it need no room
+        self.room = capacity  # a step needing more than this is refused (plan_memory may set it above capacity)
+        self.headroom = 0  # temporaries up to it need no room (0: they need it under the spill line)
+
+    def deps_task(self, key: str):
+        return self.compiled.graph.get(key) or self.compiled.metric_graph[key]
 
     def deps(self, key: str):
-        task = self.compiled.graph.get(key) or self.compiled.metric_graph[key]
-        return task.dependencies
+        return self.deps_task(key).dependencies
 
     def cost(self, key: str) -> float:
         if key not in self.costs:
-            self.costs[key] = self.seconds[key] if key in self.seconds else self.step_seconds.get(step_of(key), math.inf)
+            if key in self.seconds:
+                self.costs[key] = self.seconds[key]
+            elif isinstance(key, tuple) and key and key[0] in self.layer_seconds:
+                self.costs[key] = self.layer_seconds[key[0]]
+            else:
+                self.costs[key] = self.step_seconds.get(step_of(key), math.inf)
         return self.costs[key]
 
     def next_use(self, key: str, t: float) -> int | None:
@@ -510,6 +590,8 @@ class _Belady:
             if r in protected:
                 aside.append(entry)
                 continue
+            if not self.resident[r]:  # a view: evicting it frees nothing
+                continue
             v = r
             break
         for entry in aside:
@@ -522,16 +604,13 @@ class _Belady:
         nu = self.next_use(v, t)
         self.tally["total"] -= self.resident.pop(v)
         self.evicted_at.setdefault(v, t)
-        if nu is None:
-            # only held in case an undecided choose keeps its branch (chance p): dropping costs
-            # p x recomputing it; spilling costs a write now and p x a read back
-            p = self.sched.keep_chance.get(v, 1.0)
-            spill = self.action.get(v) == SPILL or p * self.chain_cost(v) > (1 + p) * size / self.disk_bandwidth
-            if not spill:
-                self.action.setdefault(v, RECOMPUTE)
-                return
-        elif self.action.get(v) != SPILL and self.chain_cost(v) < 2 * size / self.disk_bandwidth:
+        # only held in case an undecided choose keeps its branch (no next read): read back, or
+        # recomputed, with the chance p that it keeps it (graph.memory.cost: the one rule)
+        p = self.sched.keep_chance.get(v, 1.0) if nu is None else 1.0
+        chain = self.chain_cost(v) if self.action.get(v) != SPILL else math.inf
+        if decide(size, chain, self.disk_bandwidth, reads=p) == RECOMPUTE:
             self.action[v] = RECOMPUTE
+            self.tally["recompute_s"] += p * chain
             return
         self.action[v] = SPILL
         self.on_disk.add(v)
@@ -570,9 +649,10 @@ class _Belady:
                 self.tally["total"] += size[k]
                 self.tally["peak"] = max(self.tally["peak"], self.tally["total"])
             self.tally["working"] = max(self.tally["working"], self.tally["total"] + temp)
-            for d in inputs:  # read at t: ranked by their next use after t
-                if d in self.resident:
-                    heapq.heappush(self.ranks, self.rank_entry(d, t))
+            for d in inputs:  # read at t: ranked by their next use after t (a view's owner too)
+                for r in (d, self.views.get(d)):
+                    if r is not None and r in self.resident:
+                        heapq.heappush(self.ranks, self.rank_entry(r, t))
             self.release_dead(t)
 
     def plan(self, budget: int, workers: int, baseline: int, thresholds: Thresholds) -> MemoryPlan:
@@ -580,10 +660,11 @@ class _Belady:
         sources: dict[str, int] = {}
         for k in self.order:
             if k in c.graph:
-                src = est.source(k)
+                src = "view" if k in self.views else est.source(k)
                 sources[src] = sources.get(src, 0) + 1
         decisions = {
-            k: Decision(k, self.size[k], est.source(k), self.action.get(k, KEEP), tuple(uses[k]), self.evicted_at.get(k))
+            k: Decision(k, self.size[k], "view" if k in self.views else est.source(k), self.action.get(k, KEEP),
+                        tuple(uses[k]), self.evicted_at.get(k))
             for k in self.order
             if k in c.graph and (uses[k] or k in hold)
         }
@@ -598,11 +679,28 @@ class _Belady:
             spill_bytes=self.tally["spill"],
             read_bytes=self.tally["read"],
             recomputed=self.tally["recomputed"],
+            recompute_seconds=self.tally["recompute_s"],
+            views=len(self.views),
             estimated_keys=sources,
             too_big=self.too_big,
             thresholds=thresholds,
             predicted_working_peak=self.tally["working"],
         )
+
+
+def _views(order: Any, task_of: Any, size: Mapping[str, int]) -> dict:
+    """``{key: owner}`` for the keys of ``order`` whose result is a view or alias of an input
+    (:func:`graph.memory.shared.shares_input`), the owner being the key that holds the bytes. A
+    slice estimated at half its input or less is not one: Dask's ``getitem`` copies such a slice
+    (so the large input can be let go)."""
+    from .shared import owner_of, shares_input
+
+    direct = {}
+    for k in order:
+        d = shares_input(task_of(k))
+        if d is not None and d in size and 2 * size[k] > size[d]:
+            direct[k] = d
+    return {k: owner_of(k, direct) for k in direct}
 
 
 def _uses(compiled: Any, sched: _Schedule) -> dict[str, list[int]]:
@@ -678,6 +776,41 @@ def compare_with_run(plan: MemoryPlan, measured: Mapping[str, Any]) -> dict[str,
     if notes:
         out["memory_plan_note"] = "; ".join(notes[:-1]) + ". " + notes[-1][0].upper() + notes[-1][1:] + "."
     return out
+
+
+def why_text(plan: MemoryPlan, stats: Mapping[str, Any]) -> str:
+    """Why a budgeted run wrote to disk or computed again, in one paragraph: what the plan planned
+    (spills, recomputations with their measured seconds, views counted once) against what Dask
+    did (bytes written past the plan's target for results, bytes its memory monitor wrote because
+    a worker's process memory passed the spill threshold, tasks computed again).
+
+    >>> M = 2**20
+    >>> p = MemoryPlan(budget=1280 * M, workers=2, baseline=200 * M, worker_data_budget=248 * M, order=(),
+    ...                decisions={}, predicted_data_peak=200 * M, spill_bytes=0, read_bytes=0, recomputed=0, views=90)
+    >>> print(why_text(p, {"spilled_bytes": 30 * M, "monitor_spilled_bytes": 30 * M, "recomputed_tasks": 0,
+    ...                    "recompute_seconds": 0.0, "second_pass_copies": 40}))     # doctest: +NORMALIZE_WHITESPACE
+    planned: nothing to disk, nothing recomputed; 90 views or aliases counted once. Dask wrote 30.00 MiB:
+    0 B past the plan's target for results, 30.00 MiB by its memory monitor (a worker's process memory
+    past the spill threshold: not planned). Computed again: 40 second-pass copies, 0 tasks run twice (0.0 s).
+    """
+    planned = []
+    if plan.spill_bytes:
+        planned.append(f"{plan.count(SPILL)} results to disk ({format_bytes(plan.spill_bytes)} written, "
+                       f"{format_bytes(plan.read_bytes)} read back)")
+    if plan.count(RECOMPUTE):
+        planned.append(f"{plan.count(RECOMPUTE)} results dropped and recomputed ({plan.recompute_seconds:.1f} s of "
+                       "measured compute, less than writing and reading them)")
+    text = "planned: " + ("; ".join(planned) if planned else "nothing to disk, nothing recomputed")
+    if plan.views:
+        text += f"; {plan.views} views or aliases counted once"
+    spilled = int(stats.get("spilled_bytes") or 0)
+    monitor = int(stats.get("monitor_spilled_bytes") or 0)
+    text += (f". Dask wrote {format_bytes(spilled)}: {format_bytes(max(spilled - monitor, 0))} past the plan's target "
+             f"for results, {format_bytes(monitor)} by its memory monitor (a worker's process memory past the spill "
+             "threshold: not planned)")
+    text += (f". Computed again: {int(stats.get('second_pass_copies') or 0)} second-pass copies, "
+             f"{int(stats.get('recomputed_tasks') or 0)} tasks run twice ({float(stats.get('recompute_seconds') or 0.0):.1f} s).")
+    return text
 
 
 def _why_spilled(plan: MemoryPlan, worker_peak: int) -> str:

@@ -71,6 +71,17 @@ def _as_key(name: Any) -> Any:
     return original_key(name)
 
 
+def _layer(key: Any) -> Any:
+    """A partition key's layer (``("getitem-3f2a", 0, 1)`` -> ``"getitem-3f2a"``), else ``None``:
+    partitions of one layer have like sizes, where one step name covers layers of any size
+    (every ``getitem`` of an array is a ``getitem``).
+
+    >>> _layer(("getitem-3f2a", 0, 1)), _layer("fit-1")
+    ('getitem-3f2a', None)
+    """
+    return key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else None
+
+
 class SizeEstimates:
     """Estimated bytes per task key; refined as real sizes are measured."""
 
@@ -83,6 +94,7 @@ class SizeEstimates:
         self.hints = dict(hints or {})
         self.measured: dict[str, int] = {}
         self.by_step: dict[str, list[int]] = {}
+        self.by_layer: dict[Any, int] = {}  # a collection's layer (a partition key's name): its largest
         self.default = int(default)
         self.update(measured or {})
 
@@ -93,6 +105,9 @@ class SizeEstimates:
                 continue
             self.measured[key] = int(n)
             self.by_step.setdefault(step_of(key), []).append(int(n))
+            layer = _layer(key)
+            if layer is not None:
+                self.by_layer[layer] = max(self.by_layer.get(layer, 0), int(n))
 
     def source(self, key: str) -> str:
         key = _as_key(key)
@@ -100,6 +115,8 @@ class SizeEstimates:
             return "measured"
         if key in self.hints:
             return "hint"
+        if _layer(key) in self.by_layer:
+            return "sibling"
         if step_of(key) in self.by_step:
             return "sibling"
         return "default"
@@ -110,6 +127,9 @@ class SizeEstimates:
             return self.measured[key]
         if key in self.hints:
             return self.hints[key]
+        layer = _layer(key)
+        if layer in self.by_layer:  # another partition of the same layer: the closest sibling
+            return self.by_layer[layer]
         sizes = self.by_step.get(step_of(key))
         if sizes:
             return max(sizes)

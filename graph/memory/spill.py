@@ -44,6 +44,7 @@ __all__ = [
     "NextUses",
     "PlannedLRU",
     "PlannedSpillBuffer",
+    "SharedWeight",
     "MemoryPlanPlugin",
     "spill_metrics",
     "update_plan_on_worker",
@@ -83,9 +84,48 @@ class NextUses:
 
 def evictable(fast: Any) -> list:
     """The keys a worker's in-memory results may be evicted from, least recently used first
-    (those a ``zict.LRU`` is not told to keep)."""
+    (those a ``zict.LRU`` is not told to keep; not a view of another result, weighed 0 by
+    :class:`SharedWeight`: writing it to disk would free nothing)."""
     pinned = lru_pinned(fast)
-    return [k for k in fast.order if k not in pinned]
+    weights = fast.weights
+    return [k for k in fast.order if k not in pinned and weights.get(k, 1) > 0]
+
+
+class SharedWeight:
+    """A planned worker's weight of a result: ``dask.sizeof``, or 0 while another result it holds
+    has the same memory (an alias, a NumPy view: :func:`graph.memory.shared.owned_weight`). When
+    the result that carried the weight leaves memory, a remaining holder takes it over
+    (:meth:`PlannedLRU.carry_over`), so memory still held is still counted.
+
+    >>> import numpy as np
+    >>> lru = PlannedLRU(10**9, {})
+    >>> lru.weight = SharedWeight(lru)
+    >>> a = np.zeros(1000)
+    >>> lru["a"] = a; lru["v"] = a[:600]
+    >>> lru.weights["a"], lru.weights["v"], lru.total_weight
+    (8000, 0, 8000)
+    >>> del lru["a"]
+    >>> lru.weights["v"], lru.total_weight      # the view now holds the buffer
+    (8000, 8000)
+    """
+
+    def __init__(self, lru: Any, original: Any = None):
+        self.lru = lru
+        self.original = original
+        self.roots: dict[int, list] = {}
+
+    def __call__(self, key: Any, value: Any) -> int:
+        from .shared import owned_weight
+
+        return owned_weight(key, value, self.lru.d, self.roots)
+
+    def holders(self, key: Any, value: Any) -> list:
+        """Other resident keys holding ``value``'s memory."""
+        from .shared import root_buffer
+
+        root = root_buffer(value)
+        d = self.lru.d
+        return [k for k in self.roots.get(id(root), ()) if k != key and k in d and root_buffer(d[k]) is root]
 
 
 def planned_rank(fast: Any, plan: NextUses) -> Any:
@@ -107,11 +147,34 @@ class PlannedLRU(zict.LRU):
             if candidates:
                 key = max(candidates, key=planned_rank(self, plan))
         # the undecorated LRU.evict: one lock level, which zict releases while writing to disk
-        return lru_evict_unlocked(self, key)
+        out = lru_evict_unlocked(self, key)
+        if out and out[0] is not None:
+            self.carry_over(out[0], out[1], out[2])
+        return out
+
+    @zict.common.locked
+    def __delitem__(self, key: Any) -> None:
+        value, weight = self.d.get(key), self.weights.get(key, 0)
+        super().__delitem__(key)
+        self.carry_over(key, value, weight)
+
+    def carry_over(self, key: Any, value: Any, weight: float) -> None:
+        """``key`` (weighing ``weight``) left memory: if another result still holds its memory
+        (a view of it, an alias), that one now weighs it (:class:`SharedWeight`)."""
+        shared = self.weight if isinstance(self.weight, SharedWeight) else None
+        if shared is None or not weight:
+            return
+        holders = shared.holders(key, value)
+        if holders and not self.weights.get(holders[0]):
+            self.weights[holders[0]] = weight
+            self.total_weight += weight
 
 
 def _plan_fast(buffer: SpillBuffer) -> PlannedLRU:
-    return turn_lru(buffer.fast, PlannedLRU)  # same object, same state; only ``evict`` differs
+    fast = turn_lru(buffer.fast, PlannedLRU)  # same object, same state; only ``evict`` differs
+    if not isinstance(fast.weight, SharedWeight):  # views and aliases weigh what they own: nothing
+        fast.weight = SharedWeight(fast, fast.weight)
+    return fast
 
 
 class PlannedSpillBuffer(SpillBuffer):
@@ -213,9 +276,16 @@ def spill_metrics(dask_worker: Any) -> dict[str, float]:
     m = getattr(data, "cumulative_metrics", None)
     if m is None:
         return {}
-    return {
+    out = {
         "write_bytes": m.get(("disk-write", "bytes"), 0.0),
         "write_count": m.get(("disk-write", "count"), 0.0),
         "read_bytes": m.get(("disk-read", "bytes"), 0.0),
         "read_count": m.get(("disk-read", "count"), 0.0),
+        "monitor_write_bytes": 0.0,
     }
+    # why Dask wrote: its own metrics label each write by what did it; "memory-monitor" is its
+    # process-memory trigger (past the spill threshold), not the results' target the plan sets
+    for name, v in getattr(dask_worker, "digests_total", {}).items():
+        if isinstance(name, tuple) and len(name) >= 3 and name[0] == "memory-monitor" and name[-2:] == ("disk-write", "bytes"):
+            out["monitor_write_bytes"] += v
+    return out

@@ -718,6 +718,11 @@ class _Run:
         if state.iterative:  # iterative steps and pruning (docs/architecture.md §7.2)
             stats.update(_iterative_stats(state, driver))
         stats.update(self.budget_stats)  # spilled/read-back bytes, recomputed tasks, plan vs measured
+        plan = getattr(getattr(self, "budgeted", None), "plan", None)
+        if "memory_why" in stats and plan is not None:  # with the second passes counted (they are the state's)
+            from ..memory.plan import why_text
+
+            stats["memory_why"] = plan.after_run = why_text(plan, stats)  # printed with the plan too
         stats.update(self.prepared.finish(executed))  # graph/compiling/transform.py: loads are not executions
         return stats
 

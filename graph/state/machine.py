@@ -60,7 +60,7 @@ from .events import (
     Warn,
     Watch,
 )
-from .order import priority, run_targets
+from .order import priority, run_targets, stage_priority
 from .reports import Reports
 from .status import branch_status
 from .tips import DONE, FAILED, SUBMITTED, WAITING, _Tip
@@ -100,6 +100,13 @@ class ExplorationState(Reports, Views):
         n = len(self.targets)
         self.tips = [_Tip(t) for t in self.targets]
         self.priority = [priority(t, n) for t in self.targets]
+        # a collection's partitions: one priority per stage, the stage's highest, so Dask's own
+        # order (dask.order, its tie-break) runs every branch's reads of a partition before the
+        # next partition is made, instead of branch 1 reading partition after partition while the
+        # other branches' reads of the first ones wait, holding them (issue 46: 18 of a worker's 40
+        # source chunks were held at once). Plain steps keep the branch-by-branch order.
+        self.partition_priority = [stage_priority(t, n) for t in self.targets]
+        self.partitions = frozenset(getattr(compiled, "step_of", None) or ())  # a collection's tasks (§8)
         self.choose_tip: dict[tuple[int, int], _Tip] = {}
         self.output_tips: list[_Tip] = []
         self.by_key: dict[str, list[_Tip]] = defaultdict(list)  # tips whose keys contain the key
@@ -670,9 +677,29 @@ class ExplorationState(Reports, Views):
     def _submit(self, tasks: dict, prio: dict) -> None:
         """One ``Submit``: under a plan whose data do not fit, with second passes' copies."""
         internal = self._second_pass(tasks, prio) if self.copyable else frozenset()
+        if self.copyable:  # the data do not fit: partitions only this submission reads are Dask's to let go
+            internal = internal | self._unpinned(tasks)
         self.held.update(n for n in tasks if n not in internal)
         self.submitted.update(tasks)
         self._out.append(Submit(tasks, prio, internal))
+
+    def _unpinned(self, tasks: dict) -> frozenset:
+        """Partitions that only tasks of this submission read, and that no target, output or
+        choose holds: the run holds no future for them, so Dask lets each go the moment its
+        readers are done, as it does in one ``dask.compute``. Held by a future, each waited for
+        the driver's release (issue 46: under load, a worker's results past the plan's target were
+        mostly partitions whose readers had all finished, written to disk for nothing)."""
+        out = []
+        for n in tasks:
+            k = original_key(n)
+            if k not in self.partitions or self.out_hold[k] or self.choose_hold[k] or self.target_pend[k]:
+                continue
+            if k in self.by_target or k in self.fused:
+                continue
+            readers = self.dependents.get(k, ())
+            if readers and all(self.current.get(d, d) in tasks for d in readers):
+                out.append(n)
+        return frozenset(out)
 
     def _second_pass(self, tasks: dict, prio: dict) -> frozenset:
         """Late readers of a collection's partitions read copies computed after the reduction
@@ -706,7 +733,7 @@ class ExplorationState(Reports, Views):
         the task copied with ``Task.substitute``, its consumers pointed at the copy):
         resubmitting the released key itself races with Dask still forgetting it, which
         cancels the new future."""
-        p = self.priority[tip.t.id]
+        p_plain, p_part = self.priority[tip.t.id], self.partition_priority[tip.t.id]
         need: list[str] = []
         seen: set[str] = set()
         stack = [self.fused.get(tip.t.key, tip.t.key)]  # a fused read: its step (the read is in it)
@@ -716,6 +743,7 @@ class ExplorationState(Reports, Views):
                 continue
             seen.add(k)
             name = self.current.get(k, k)
+            p = p_part if k in self.partitions else p_plain
             if name in tasks:
                 if p > prio[name]:  # a more urgent target needs it: so do its inputs
                     prio[name] = p
@@ -738,7 +766,7 @@ class ExplorationState(Reports, Views):
             subs = {d: self.current[d] for d in task.dependencies if d in self.current}
             name = self.current.get(k, k)
             tasks[name] = task.substitute(subs, key=name) if (subs or name != k) else task
-            prio[name] = p
+            prio[name] = p_part if k in self.partitions else p_plain
 
     def _check_new(self, tip: _Tip) -> None:
         """A just-submitted target whose result is already there, or whose path already failed."""

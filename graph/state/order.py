@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Target", "priority", "run_order", "run_targets"]
+__all__ = ["Target", "priority", "run_order", "run_targets", "stage_priority"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,19 @@ def priority(target: Target, n: int) -> int:
     """The Dask priority of ``target``'s tasks among ``n`` targets: behind more chooses
     first, then declaration order (depth-first branch after branch)."""
     return target.stage * n + (n - target.id)
+
+
+def stage_priority(target: Target, n: int) -> int:
+    """The Dask priority of a collection's partitions that ``target`` needs: the highest of its
+    stage, the same for every branch of the stage, so Dask's own order decides among them (a
+    partition's readers in every branch before the next partition); still behind any later
+    stage's and ahead of every plain step of its own.
+
+    >>> from types import SimpleNamespace as T
+    >>> [stage_priority(T(stage=0, id=i), 3) for i in range(3)], [priority(T(stage=0, id=i), 3) for i in range(3)]
+    ([3, 3, 3], [3, 2, 1])
+    """
+    return target.stage * n + n
 
 
 def run_order(targets: Sequence[Target]) -> list[Target]:

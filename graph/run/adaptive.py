@@ -360,7 +360,7 @@ def run_search(
             if run.stopped is not None:
                 raise RunError(run.stopped)
             value = run.best_value()
-        except BaseException as exc:
+        except BaseException as exc:  # any end (Ctrl-C too): open trials are told FAIL, then it propagates
             run.abort(f"{type(exc).__name__}: {exc}")
             raise
         finally:

@@ -31,6 +31,22 @@ def asks(out):
 def tells(out):
     return [i for i in out if isinstance(i, Tell)]
 
+def _follow(out, running, submitted, reads, told):
+    """Carry out a handling's instructions on the random-order tests' lists (tasks running, names
+    submitted, metric reads to answer, trials told); return how many proposals it asked for."""
+    asked = 0
+    for ins in out:
+        if isinstance(ins, Ask):
+            asked += 1
+        elif isinstance(ins, Run):
+            running.extend(ins.names)
+            submitted.extend(ins.names)
+        elif isinstance(ins, Gather):
+            reads.extend(ins.names)
+        elif isinstance(ins, Tell):
+            told.append(ins.trial)
+    return asked
+
 
 def test_start_asks_one_proposal_per_slot_and_no_more_than_n_trials():
     assert ProposalRule(n_trials=10, in_flight=3).handle(SearchStart()) == [Ask(), Ask(), Ask()]
@@ -184,16 +200,7 @@ def test_random_orders_never_exceed_n_trials_or_in_flight_and_tell_each_trial_on
         else:
             name = done_metrics.pop(rng.randrange(len(done_metrics)))
             out = rule.handle(MetricRead(name, rng.random()))
-        for ins in out:
-            if isinstance(ins, Ask):
-                pending_asks += 1
-            elif isinstance(ins, Run):
-                running.extend(ins.names)
-                submitted.extend(ins.names)
-            elif isinstance(ins, Gather):
-                done_metrics.extend(ins.names)
-            elif isinstance(ins, Tell):
-                told.append(ins.trial)
+        pending_asks += _follow(out, running, submitted, done_metrics, told)
         assert rule.asked <= n_trials
         assert len(rule.open) + rule.asking <= in_flight
     assert rule.finished
@@ -276,16 +283,7 @@ def test_random_orders_of_sent_metrics_tell_each_trial_once_and_submit_each_key_
         else:
             name = reads.pop(rng.randrange(len(reads)))
             out = rule.handle(MetricRead(name, rng.random()))
-        for ins in out:
-            if isinstance(ins, Ask):
-                pending_asks += 1
-            elif isinstance(ins, Run):
-                running.extend(ins.names)
-                submitted.extend(ins.names)
-            elif isinstance(ins, Gather):
-                reads.extend(ins.names)
-            elif isinstance(ins, Tell):
-                told.append(ins.trial)
+        pending_asks += _follow(out, running, submitted, reads, told)
         assert len(rule.open) + rule.asking <= in_flight
     assert rule.finished
     assert sorted(told) == list(range(n_trials))

@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from graph.run.options import ORDERS  # the run options' one owner (light: it loads Dask only when called)
+from graph.run.options import ORDERS, run_options  # the run options' one owner (light: it loads Dask only when called)
 
 __all__ = ["main", "load_node"]
 
@@ -146,8 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node", default="output", help="name of the node to run (default: output)")
     run.add_argument("--scheduler", type=_address, metavar="ADDRESS", help="address of a running scheduler, e.g. tcp://127.0.0.1:8786")
     run.add_argument("--workers", type=_positive, metavar="N", help="worker processes of the embedded cluster")
-    run.add_argument("--threads-per-worker", type=_positive, default=1, metavar="N", help="threads per worker (default 1)")
-    run.add_argument("--memory-limit", type=_size, default="auto", metavar="SIZE", help="memory limit per worker of the embedded cluster (e.g. 2GiB; default auto)")
+    defaults = run_options()  # the flags' defaults are the options' (graph.run.options.RunOptions)
+    run.add_argument("--threads-per-worker", type=_positive, default=defaults["threads_per_worker"], metavar="N",
+                     help="threads per worker (default %(default)s)")
+    run.add_argument("--memory-limit", type=_size, default=defaults["memory_limit"], metavar="SIZE",
+                     help="memory limit per worker of the embedded cluster (e.g. 2GiB; default %(default)s)")
     run.add_argument(
         "--memory-budget",
         type=_size,
@@ -156,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spill or recompute); on the embedded cluster it also sets each worker's memory limit",
     )
     run.add_argument("--sample-sizes", action="store_true", help="with --memory-budget: run the first branch alone first and plan with its measured sizes")
-    run.add_argument("--order", choices=ORDERS, default="depth-first", help="task order: Quiver's depth-first priorities (default) or Dask's own")
+    run.add_argument("--order", choices=ORDERS, default=defaults["order"],
+                     help="task order: Quiver's depth-first priorities (default) or Dask's own")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     run.add_argument("--verbose", action="store_true",
                      help="show every line Dask logs (INFO and up), as Dask prints them; by default its "
@@ -294,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.scheduler and args.workers:  # a bad combination of arguments: exit 2, before loading the file
         parser.error("--workers applies to the embedded cluster only; drop it when using --scheduler")
-    if args.scheduler and (args.memory_limit != "auto" or args.threads_per_worker != 1):
+    defaults = run_options()
+    if args.scheduler and (args.memory_limit != defaults["memory_limit"]
+                           or args.threads_per_worker != defaults["threads_per_worker"]):
         parser.error(
             "--memory-limit and --threads-per-worker configure the embedded cluster only; an existing "
             "cluster's workers keep their own (use --memory-budget to plan a run within a budget there)"

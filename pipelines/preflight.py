@@ -1,11 +1,8 @@
-"""Checks run before a cluster starts: run options, scheduler address, picklable steps.
+"""Checks run before a cluster starts: the scheduler address, picklable steps (the run's options
+are checked by their owner, ``graph.run.options``, before the compile).
 
 A run refused here has started nothing and run nothing.
 
->>> check_run_options(None, workers=0)
-Traceback (most recent call last):
-    ...
-graph.errors.PipelineError: run: workers must be a whole number >= 1 (or None for one per core), got 0
 >>> check_run_options("localhost")
 Traceback (most recent call last):
     ...
@@ -14,7 +11,6 @@ graph.errors.PipelineError: run: 'localhost' is not a scheduler address; ...
 
 from __future__ import annotations
 
-import numbers
 import re
 from typing import Any
 
@@ -29,17 +25,8 @@ ADDRESS = re.compile(
 )
 
 
-def _whole(name: str, value: Any, optional: bool, hint: str = "") -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PipelineError(f"run: {name} must be a whole number >= 1{hint}, got {value!r}")
-
-
-def check_run_options(client: Any, *, workers: Any = None, threads_per_worker: Any = 1) -> None:
-    """Refuse bad ``Node.run`` options with a message naming the option."""
-    _whole("workers", workers, True, " (or None for one per core)")
-    _whole("threads_per_worker", threads_per_worker, False)
+def check_run_options(client: Any) -> None:
+    """Refuse a ``client`` string that is no scheduler address, naming the form one takes."""
     if isinstance(client, str) and not ADDRESS.match(client.strip()):
         raise PipelineError(
             f"run: {client!r} is not a scheduler address; give [protocol://]host:port, "
@@ -47,10 +34,10 @@ def check_run_options(client: Any, *, workers: Any = None, threads_per_worker: A
         )
 
 
-def check_run(compiled: Any, client: Any, **options: Any) -> None:
-    """All pre-flight checks: options, then that every task can be pickled to the workers."""
+def check_run(compiled: Any, client: Any) -> None:
+    """All pre-flight checks: the scheduler address, then that every task can be pickled to the workers."""
     from graph.tasks.shipping import check_picklable
 
-    check_run_options(client, **options)
+    check_run_options(client)
     check_picklable(compiled.graph)
     check_picklable(compiled.metric_graph, "choose metric: ")

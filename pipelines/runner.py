@@ -6,37 +6,36 @@ from typing import Any
 
 from .result import Result
 
-__all__ = ["run_node", "run_search_node", "SEARCH_OPTIONS"]
+__all__ = ["run_node", "run_search_node", "run_options"]
 
-#: the run options a search takes (docs/guide/adaptive.md); the others are not supported by one yet
-SEARCH_OPTIONS = ("workers", "threads_per_worker", "memory_limit", "progress", "quiet", "raise_if_all_failed",
-                  "stall_timeout")
+#: the options ``Node.run`` adds to a run's (``graph.run.options.RunOptions``, their one owner), with
+#: their defaults: ``tracking`` (log the run to MLflow, :mod:`pipelines.tracking`)
+_OWN = {"tracking": None}
 
 
 def run_options() -> dict[str, Any]:
-    """The options a run takes, with their defaults: ``graph.execute``'s (``graph.run.session.run_compiled``,
+    """The options a run takes, with their defaults: ``graph.execute``'s (``graph.run.options.RunOptions``,
     their one owner) and ``tracking``. ``Node.run`` and this module read them here.
 
     >>> list(run_options())[:3]
     ['workers', 'threads_per_worker', 'memory_limit']
     """
-    from graph.run.session import run_options as graph_run_options
+    from graph.run.options import run_options as graph_run_options
 
-    return {**graph_run_options(), "tracking": None}
+    return {**graph_run_options(), **_OWN}
 
 
 def run_node(node: Any, client: Any = None, **options: Any) -> Result:
     """Run ``node``'s exploration: refuse bad options and definitions before a cluster starts,
-    then run it (``graph.execute``: the one run path) and wrap the record in a :class:`Result`.
+    then run it (``graph.execute``'s path: the one run path) and wrap the record in a :class:`Result`.
     ``options``: :func:`run_options` (``tracking``: log it to MLflow, :mod:`pipelines.tracking`)."""
     from graph.spec import SearchSpec
 
     if isinstance(getattr(node, "spec", None), SearchSpec):  # an adaptive search (issue 47)
         return run_search_node(node, client, **options)
-    known = run_options()
-    unknown = [o for o in options if o not in known]
-    if unknown:  # a clear message rather than a TypeError deep in the run
-        raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; options: {', '.join(known)}")
+    from graph.run.options import check_options, refuse_unknown
+
+    refuse_unknown(options, run_options(), "Node.run()")  # a clear message rather than a TypeError deep in the run
     tracking = options.pop("tracking", None)
     if tracking is not None and tracking is not False:  # an MLflow run per branch, as each finishes
         from .tracking import Tracker
@@ -45,20 +44,15 @@ def run_node(node: Any, client: Any = None, **options: Any) -> Result:
             return tracker.finish(run_node(node, client, **{**options, "on_driver": tracker.watcher(options.get("on_driver"))}))
     import time
 
-    import graph
-    from graph.run.options import check_options
+    from graph.run.session import run_checked
 
-    opts = {**known, **options}
-    # the options are checked before the compile (graph.run.options, their one owner); the run checks
-    # them again where it takes them (graph.run.session): a bad one never waits for a compile
-    check_options(order=opts["order"], on_metric_error=opts["on_metric_error"], stall_timeout=opts["stall_timeout"],
-                  pack=opts["pack"], memory_budget=opts["memory_budget"], disk_bandwidth=opts["disk_bandwidth"],
-                  sample_sizes=opts["sample_sizes"])
+    # checked once, before the compile (graph.run.options, their one owner), and passed down to the
+    # run (graph.run.session.run_checked): a bad one never waits for a compile
+    opts = check_options(caller="Node.run()", **options)
     clock = time.perf_counter()
-    compiled = _prepare(node, client, opts["memory_budget"], opts["workers"], opts["threads_per_worker"])
-    record = graph.execute(compiled, client, **options, compile_seconds=time.perf_counter() - clock)
-    quiet = opts["quiet"]
-    if not quiet:  # a short run that was mostly start-up says so (graph/report/breakdown.py)
+    compiled = _prepare(node, client, opts.memory_budget, opts.workers)
+    record = run_checked(compiled, client, opts, compile_seconds=time.perf_counter() - clock)
+    if not opts.quiet:  # a short run that was mostly start-up says so (graph/report/breakdown.py)
         import sys
 
         from graph.report.breakdown import startup_note
@@ -106,7 +100,7 @@ def _refuse_values_that_cannot_travel(result: Result) -> None:
     raise exc
 
 
-def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, threads_per_worker: int) -> Any:
+def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None) -> Any:
     """The compiled exploration, after the checks that need it: definition errors, unpicklable
     steps and a step hinted too big for the budget fail before a cluster starts."""
     import graph
@@ -114,7 +108,7 @@ def _prepare(node: Any, client: Any, memory_budget: Any, workers: int | None, th
     compiled = graph.compile(node)
     from .preflight import check_run
 
-    check_run(compiled, client, workers=workers, threads_per_worker=threads_per_worker)
+    check_run(compiled, client)
     if memory_budget is not None and client is None:  # a step hinted too big for the budget
         from graph.memory.plan import plan_memory
         from gpu.clusters import default_workers
@@ -127,25 +121,16 @@ def run_search_node(node: Any, client: Any = None, **options: Any):
     """Run a ``node.search(...)`` node (``graph.run.adaptive.run_search``) and wrap its record in a
     :class:`pipelines.SearchResult`."""
     import graph
-
-    from .searchresult import SearchResult
-
-    known = run_options()
-    # an option a search does not take is refused only when set (a caller passing every option
-    # at its default, as a wrapper may, is not refused for it)
-    unknown = [o for o in options if o not in SEARCH_OPTIONS and not (o in known and options[o] == known[o])]
-    if unknown:
-        not_yet = [o for o in unknown if o in known]
-        if not_yet:
-            raise TypeError(f"Node.run(): a search does not take {', '.join(map(repr, not_yet))} yet; "
-                            f"its options: {', '.join(SEARCH_OPTIONS)}")
-        raise TypeError(f"Node.run(): unknown option(s) {', '.join(map(repr, unknown))}; a search's options: "
-                        f"{', '.join(SEARCH_OPTIONS)}")
-    options = {k: v for k, v in options.items() if k in SEARCH_OPTIONS}
     from graph.run.adaptive import run_search
+    from graph.run.options import check_search_options
 
+    from .preflight import check_run_options
+
+    # a search's options: named and checked by the run options' owner, as a run's, before a cluster starts
+    opts = check_search_options(caller="Node.run()", also=_OWN, **options)
+    check_run_options(client)  # a scheduler address, as a run's
     try:
-        record = run_search(node.spec, client, **options)
+        record = run_search(node.spec, client, opts)
     except graph.RunError as exc:
         record = getattr(exc, "record", None)
         if record is not None:

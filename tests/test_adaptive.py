@@ -143,6 +143,32 @@ def test_options_a_search_does_not_take_are_refused_by_name():
         node.run(colour="red")
 
 
+def test_a_search_refuses_bad_options_as_a_run_does_before_a_cluster_starts(monkeypatch):
+    """One owner (graph.run.options): an unknown option, or a bad value of one a search takes, gets
+    the run's message (a search lists the options it takes), before any cluster starts."""
+    import graph.cluster.connect
+    from graph.run.options import search_options
+
+    monkeypatch.setattr(graph.cluster.connect, "connect", lambda *a, **k: pytest.fail("a cluster was started"))
+    search = Pipeline("o").source(s.load).explore("m", space(s.fit, a=F)).search("score", n_trials=1)
+    run = Pipeline("o").source(s.load).explore("m", s.double)
+    for node, listed in ((search, search_options()), (run, None)):
+        with pytest.raises(TypeError) as info:
+            node.run(wokers=2)
+        assert str(info.value).startswith("Node.run(): unknown option(s) 'wokers'; options: workers, ")
+        if listed is not None:
+            assert str(info.value).endswith(f"options: {', '.join(listed)}")
+    for bad, words in (({"stall_timeout": -1}, "stall_timeout must be seconds"),
+                       ({"workers": 0}, "workers must be a whole number >= 1")):
+        for node in (search, run):
+            with pytest.raises(PipelineError, match=words):
+                node.run(**bad)
+    with pytest.raises(TypeError, match="a search does not take 'order' yet"):
+        search.run(order="dask")
+    with pytest.raises(PipelineError, match="'localhost' is not a scheduler address"):
+        search.run("localhost")
+
+
 def test_a_search_whose_workers_are_gone_is_stopped_by_the_watchdog_with_its_trials_told():
     """The run's watchdog (graph.run.watchdog) watches a search too: no worker left, the search
     ends with a RunError naming why, and its open trials are told FAIL (none left RUNNING)."""

@@ -15,7 +15,7 @@ proposals: a trial told frees its slot for the next ask at once.
 >>> def load(): return 1.0                                                       # doctest: +SKIP
 >>> def fit(x, a): return {"score": -(x - a) ** 2}                               # doctest: +SKIP
 >>> node = Pipeline("s").source(load).explore("m", space(fit, a=FloatDistribution(0, 2))).search("score", n_trials=8)  # doctest: +SKIP
->>> record = run_search(node.spec, workers=1, quiet=True)                        # doctest: +SKIP
+>>> record = run_search(node.spec, opts=check_options(workers=1, quiet=True))   # doctest: +SKIP
 >>> record.stats["trials"], record.stats["executed_tasks"]                       # doctest: +SKIP
 (8, 9)
 """
@@ -42,6 +42,7 @@ from ..parcels import opened, set_client_process
 from ..spec import SearchSpec
 from ..state.events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 from ..state.proposals import COMPLETE, FAIL, PRUNED, Ask, ProposalRule, Proposed, Run, SearchStart, Tell
+from .options import RunOptions, check_options
 
 __all__ = ["SearchRecord", "run_search", "ExecutedCounter"]
 
@@ -309,34 +310,25 @@ def _modules(space: SearchSpace) -> list[str]:
     return step_modules(SimpleNamespace(graph=tasks, metric_graph={}))
 
 
-def run_search(
-    search: SearchSpec,
-    client: Any = None,
-    *,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    memory_limit: str | int | None = "auto",
-    progress: bool | None = None,
-    quiet: bool = False,
-    raise_if_all_failed: bool = True,
-    stall_timeout: float | None = None,
-) -> SearchRecord:
+def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None = None) -> SearchRecord:
     """Run ``search`` on ``client`` (a ``Client``, an address, or ``None``: an embedded
-    ``LocalCluster`` of ``workers``) and return its :class:`SearchRecord`. ``stall_timeout``: the
+    ``LocalCluster`` of ``opts.workers``) and return its :class:`SearchRecord`. ``opts``: the run's
+    options, checked (``graph.run.options.check_options``; ``None``: every default); a search
+    reads those :func:`graph.run.options.search_options` names. ``stall_timeout``: the
     watchdog's one meaning (``graph.state.watchdog.stall_seconds``): a search whose workers are
     gone, paused or cannot run its tasks, or whose scheduler does not answer, for that long is
     stopped with a ``RunError`` naming why (its open trials told ``FAIL``)."""
     from ..cluster.connect import connect
     from ..cluster.warmup import warm_workers
 
-    if progress is None:
-        progress = sys.stderr.isatty()
+    opts = check_options() if opts is None else opts
+    progress = sys.stderr.isatty() if opts.progress is None else opts.progress
     info: dict = {}
     clock = time.perf_counter()
     space = SearchSpace(search)  # before a cluster starts: a malformed line fails here
     modules = _modules(space)
-    with connect(client, n_workers=workers, threads_per_worker=threads_per_worker, memory_limit=memory_limit,
-                 quiet=quiet, info=info, preload=modules) as c:
+    with connect(client, n_workers=opts.workers, threads_per_worker=opts.threads_per_worker,
+                 memory_limit=opts.memory_limit, quiet=opts.quiet, info=info, preload=modules) as c:
         cluster_seconds = time.perf_counter() - clock
         set_client_process()  # workers in this process share its values (graph.parcels)
         threads = answered(c.nthreads, what="counting the workers' threads")
@@ -346,10 +338,9 @@ def run_search(
         answered(c.register_plugin, counter, what="registering the search's counter")
         run = _Search(search, space, c, in_flight, progress)
         started = time.perf_counter()
-        from ..state.watchdog import stall_seconds
         from .watchdog import Sampler
 
-        stall = stall_seconds(stall_timeout)
+        stall = opts.stall_seconds  # None: the watchdog is off
         watchdog = Sampler(c, run.stop, stall, progress=lambda: run.outcomes).start() if stall else None
         try:
             run.listen()
@@ -405,7 +396,7 @@ def run_search(
         "cluster": info.get("cluster"),
     }
     record = SearchRecord(rows, run.study, rule.best, value, stats)
-    if raise_if_all_failed and rows and not stats["complete"]:
+    if opts.raise_if_all_failed and rows and not stats["complete"]:
         first = next((r for r in rows if r["error"]), rows[0])
         exc = RunError(f"every trial of the search failed; the first: {first['error']}")
         exc.record = record  # type: ignore[attr-defined]

@@ -67,7 +67,7 @@ from ..state import (
 )
 from ..state.failures import every_branch_failed, failed_everywhere, failure_kind
 from .monitor import RunMonitor, snapshot_on_scheduler
-from .options import RunOptions, check_options
+from .options import RunOptions, check_options, takes_run_options
 
 __all__ = ["ExplorationDriver", "RunRecord", "execute"]
 
@@ -489,23 +489,15 @@ def _iterative_stats(state: ExplorationState, driver: ExplorationDriver) -> dict
     }
 
 
-def execute(
-    compiled: CompiledPipeline,
-    client: Client,
-    *,
-    progress: bool | None = None,
-    raise_if_all_failed: bool = True,
-    store: Any = None,
-    memory_budget: Any = None,
-    sample_sizes: bool = False,
-    order: str = "depth-first",
-    disk_bandwidth: Any = None,
-    on_metric_error: str = "stop",
-    on_driver: Callable[[ExplorationDriver], Any] | None = None,
-    stall_timeout: float | None = None,
-    compute_value: bool = False,
-) -> RunRecord:
+@takes_run_options
+def execute(compiled: CompiledPipeline, client: Client, checked: RunOptions | None = None, **options: Any) -> RunRecord:
     """Run ``compiled`` on ``client`` and return a :class:`RunRecord`.
+
+    ``checked``: the run's options, checked already (``graph.run.session.run_checked`` passes
+    them down); else ``options`` by keyword, checked here (``graph.run.options.RunOptions``,
+    their one owner: ``PipelineError`` when bad, before the cluster is asked anything). The
+    cluster's own options (``workers``, ``threads_per_worker``, ``memory_limit``, ``quiet``,
+    ``pack``) are the session's: ``execute`` runs on the client it is given. What the others do:
 
     ``store``: a directory (or ``graph.tasks.store.ResultStore``) of results kept across runs.
     ``memory_budget``: total bytes for all workers (``"2 GiB"``): the run is planned
@@ -524,19 +516,18 @@ def execute(
     the default, 60 s; 0 turns the watchdog off).
     ``compute_value``: a kept value holding Dask collections is computed and gathered
     (default: its partitioned collections are persisted on the cluster; graph/compiling/collections.py).
-    The options are checked by ``graph.run.options.check_options`` (``PipelineError`` when bad).
 
     Every wait for the scheduler is bounded (docs/architecture.md §4, "Bounded waits"): the
     run's calls end when the watchdog aborts, its clean-up within ``CLEANUP_SECONDS``.
     """
-    opts = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout,
-                         memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
-                         store=store)
-    run = _Run.prepare(compiled, client, opts, progress)
+    if checked is not None and options:
+        raise TypeError("execute(): give the options checked (checked=) or by keyword, not both")
+    opts = checked if checked is not None else check_options(caller="execute()", **options)
+    run = _Run.prepare(compiled, client, opts)
     try:
-        run.start_services(memory_budget, disk_bandwidth, on_driver)
+        run.start_services()
         run.drive()
-        values = run.gather_values(compute_value)
+        values = run.gather_values()
         run.read_figures()
     except _Stopped as stop:  # the state machine ended the run (abort, the same metric mistake twice)
         raise run.stopped(str(stop)) from None
@@ -545,7 +536,7 @@ def execute(
         raise
     finally:
         run.clean_up()
-    return run.record(values, raise_if_all_failed)
+    return run.record(values)
 
 
 @dataclass
@@ -577,7 +568,7 @@ class _Run:
     threads: int = 0
 
     @classmethod
-    def prepare(cls, compiled: CompiledPipeline, client: Client, opts: RunOptions, progress: bool | None) -> _Run:
+    def prepare(cls, compiled: CompiledPipeline, client: Client, opts: RunOptions) -> _Run:
         """The run's parts, nothing asked of the cluster yet: the store and not-rerunnable steps
         applied (graph/compiling/transform.py), the state machine, the monitor, the dashboard's publisher
         and the driver."""
@@ -588,14 +579,14 @@ class _Run:
         compiled = prepared.compiled
         state = ExplorationState(compiled, on_metric_error=opts.on_metric_error)
         monitor = RunMonitor(run_id, list(compiled.graph) + list(compiled.metric_graph))
-        bar = Progress(enabled=progress)
+        bar = Progress(enabled=opts.progress)
         publisher = ExplorationPublisher(client, run_id, compiled, naive_tasks=prepared.naive_tasks,
                                          unique_tasks=prepared.unique_tasks)
         driver = ExplorationDriver(state, client, bar, publisher=publisher, depth_first=opts.order == "depth-first",
                                    placement=compiled.placement)
         return cls(compiled, client, opts, prepared, state, monitor, bar, publisher, driver, run_id, start)
 
-    def start_services(self, memory_budget: Any, disk_bandwidth: Any, on_driver: Callable | None) -> None:
+    def start_services(self) -> None:
         """Everything that watches or serves the run, before anything is submitted: the
         watchdog, the monitor, the dashboard, training events, the memory budget, the
         iterative steps' reports, and the caller's ``on_driver``."""
@@ -613,16 +604,16 @@ class _Run:
         driver.ask(ensure_dashboard, client, what="adding the dashboard")  # its pages; the publisher feeds them
         self.publisher.start()
         self.watch = TrainingWatch(client, self.bar)
-        self.budgeted = driver.ask(BudgetedRun, client, memory_budget, sample=self.opts.sample_sizes,
-                                   run_id=self.run_id, disk_bandwidth=disk_bandwidth,
+        self.budgeted = driver.ask(BudgetedRun, client, self.opts.memory_budget, sample=self.opts.sample_sizes,
+                                   run_id=self.run_id, disk_bandwidth=self.opts.disk_bandwidth,
                                    what="reading the workers' spill counters")
         driver.budget = self.budgeted
         if self.budgeted is not None:
             self.budgeted.on_plan = self.publisher.memory_plan  # the dashboard's predicted peak, live
         driver.open_reports()  # before anything is submitted: no report is missed
         driver.open_metrics()  # so too the metrics steps send
-        if on_driver is not None:
-            self.watcher = on_driver(driver)
+        if self.opts.on_driver is not None:
+            self.watcher = self.opts.on_driver(driver)
 
     def snapshot(self) -> dict:
         """The run's monitor's figures, read on the scheduler."""
@@ -647,7 +638,7 @@ class _Run:
             driver.run()
         self.rows = self.state.rows()
 
-    def gather_values(self, compute_value: bool) -> dict:
+    def gather_values(self) -> dict:
         """The kept branches' values, by branch key (collections persisted or computed:
         docs/architecture.md §8)."""
         driver, client, rows = self.driver, self.client, self.rows
@@ -661,7 +652,7 @@ class _Run:
             from ..compiling.collections import finish_value
 
             for b in lazy:
-                values[b.key] = driver.ask(finish_value, client, b.lazy, values[b.key], compute_value,
+                values[b.key] = driver.ask(finish_value, client, b.lazy, values[b.key], self.opts.compute_value,
                                            what="finishing a collection's value")
         return values
 
@@ -726,7 +717,7 @@ class _Run:
         stats.update(self.prepared.finish(executed))  # graph/compiling/transform.py: loads are not executions
         return stats
 
-    def record(self, values: dict, raise_if_all_failed: bool) -> RunRecord:
+    def record(self, values: dict) -> RunRecord:
         """The table, the kept values and the statistics; a ``RunError`` when every branch failed."""
         rows = self.rows
         table, kept = build_table(self.compiled, rows, values, self.snap.get("seconds", {}), self.retries)
@@ -736,7 +727,7 @@ class _Run:
         stats = self.stats()
         self.publisher.finish(rows, stats)  # final statuses for the dashboard
         failed = every_branch_failed(rows)  # the rule's one owner: graph.state.failures
-        if raise_if_all_failed and failed:
+        if self.opts.raise_if_all_failed and failed:
             raise RunError(failed, table=table, story=self.state.story()[-50:])
         return RunRecord(table=table, values=kept, single=self.compiled.single_value, stats=stats,
                          compiled=self.compiled, memory_plan=self.budgeted.plan, run_id=self.run_id)

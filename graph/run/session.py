@@ -22,57 +22,26 @@ from __future__ import annotations
 from typing import Any
 
 from .executor import RunRecord
+from .options import RunOptions, check_options, run_options, takes_run_options
 
-__all__ = ["run_compiled", "run_options"]
-
-
-def run_options() -> dict[str, Any]:
-    """The options :func:`run_compiled` takes, by name, with their defaults (its signature is their
-    one owner; ``compile_seconds`` is the caller's, not an option).
-
-    >>> opts = run_options()
-    >>> opts["order"], opts["pack"], "compile_seconds" in opts
-    ('depth-first', True, False)
-    """
-    import inspect
-
-    return {name: p.default for name, p in inspect.signature(run_compiled).parameters.items()
-            if p.kind is p.KEYWORD_ONLY and name != "compile_seconds"}
+__all__ = ["run_compiled", "run_checked", "run_options"]
 
 
-def run_compiled(
-    compiled: Any,
-    client: Any = None,
-    *,
-    workers: int | None = None,
-    threads_per_worker: int = 1,
-    memory_limit: str | int | None = "auto",
-    progress: bool | None = None,
-    quiet: bool = False,
-    raise_if_all_failed: bool = True,
-    store: Any = None,
-    memory_budget: Any = None,
-    sample_sizes: bool = False,
-    order: str = "depth-first",
-    disk_bandwidth: Any = None,
-    on_metric_error: str = "stop",
-    stall_timeout: float | None = None,
-    pack: bool = True,
-    compute_value: bool = False,
-    on_driver: Any = None,
-    compile_seconds: float = 0.0,
-) -> RunRecord:
+@takes_run_options
+def run_compiled(compiled: Any, client: Any = None, *, compile_seconds: float = 0.0, **options: Any) -> RunRecord:
     """Run ``compiled`` on ``client`` (a ``Client``, a scheduler address, or ``None``: an embedded
     ``LocalCluster`` of ``workers``) and return its :class:`RunRecord`, stats assembled; when the
     values are persisted Dask collections, ``record.client`` is the cluster they live on and
-    ``record.close`` closes an embedded one (else both ``None``). ``compile_seconds``: the
-    caller's compile and pre-flight time, reported in the stats."""
-    from .options import check_options
+    ``record.close`` closes an embedded one (else both ``None``). ``options``: the run options
+    (``graph.run.options.RunOptions``, their one owner; :func:`run_options` lists them), checked
+    here before anything runs. ``compile_seconds``: the caller's compile and pre-flight time,
+    reported in the stats."""
+    return run_checked(compiled, client, check_options(caller="graph.execute()", **options), compile_seconds)
 
-    # every run option is checked by its one owner (graph.run.options), before anything runs
-    store = check_options(order=order, on_metric_error=on_metric_error, stall_timeout=stall_timeout, pack=pack,
-                          memory_budget=memory_budget, disk_bandwidth=disk_bandwidth, sample_sizes=sample_sizes,
-                          store=store).store
+
+def run_checked(compiled: Any, client: Any, opts: RunOptions, compile_seconds: float = 0.0) -> RunRecord:
+    """:func:`run_compiled` with its options checked already (``Node.run`` checks them before it
+    compiles, once, and passes them down)."""
     import contextlib
     import time
 
@@ -92,11 +61,11 @@ def run_compiled(
         clock = time.perf_counter()
         c = stack.enter_context(connect(
             client,
-            memory_budget=memory_budget if client is None else None,
-            n_workers=workers,
-            threads_per_worker=threads_per_worker,
-            memory_limit=memory_limit,
-            quiet=quiet,
+            memory_budget=opts.memory_budget if client is None else None,
+            n_workers=opts.workers,
+            threads_per_worker=opts.threads_per_worker,
+            memory_limit=opts.memory_limit,
+            quiet=opts.quiet,
             info=cluster_info,
             preload=modules if client is None else (),
             bridge=bridge,
@@ -106,7 +75,7 @@ def run_compiled(
 
         timing = Collector(c)  # graph/report/breakdown.py: where the time went, from Dask's task stream
         timing.begin()
-        _ready_cluster(c, compiled, pack, modules)
+        _ready_cluster(c, compiled, opts.pack, modules)
         timing.imported()
         from ..dashboard.plugin import run_memory
         from ..report.stepwarnings import replay, watch
@@ -117,24 +86,10 @@ def run_compiled(
             copies = placing = None
             try:
                 # what several training steps read is copied to every worker as soon as it exists
-                copies = sharedcopies.install(c, compiled, budgeted=memory_budget is not None)
+                copies = sharedcopies.install(c, compiled, budgeted=opts.memory_budget is not None)
                 # a task made ready while its inputs' workers are busy starts on an idle worker
-                placing = spread.install(c, compiled, budgeted=memory_budget is not None)
-                record = execute(
-                    compiled,
-                    c,
-                    progress=progress,
-                    raise_if_all_failed=raise_if_all_failed,
-                    store=store,
-                    memory_budget=memory_budget,
-                    sample_sizes=sample_sizes,
-                    order=order,
-                    disk_bandwidth=disk_bandwidth,
-                    stall_timeout=stall_timeout,
-                    on_metric_error=on_metric_error,
-                    compute_value=compute_value,
-                    on_driver=on_driver,
-                )
+                placing = spread.install(c, compiled, budgeted=opts.memory_budget is not None)
+                record = execute(compiled, c, opts)  # the options checked once, passed down
             except RunError as exc:
                 exc.compiled = compiled  # the CLI's --json/--report of a failed run read its branches
                 restore_table(exc.table, compiled)
@@ -146,7 +101,7 @@ def run_compiled(
                 spread_tasks = spread.remove(c, placing)
         record.stats["time_breakdown"] = timing.finish(compiled)
         record.stats["worker_memory"] = run_memory(c, record.run_id)  # per worker over time (graph.memory.timeline)
-        if memory_budget is not None:  # the cluster's total over time, from the same samples (one sampler)
+        if opts.memory_budget is not None:  # the cluster's total over time, from the same samples (one sampler)
             from ..memory.timeline import totals
 
             record.stats["memory_timeline"] = totals((record.stats["worker_memory"] or {}).get("timeline"))
@@ -155,7 +110,7 @@ def run_compiled(
         record.stats["spread_tasks"] = spread_tasks  # ready tasks sent to idle workers (graph/run/spread.py)
         # persisted Dask collections live on the cluster: an embedded one stays open for them
         # until Result.close() (docs/architecture.md §8); compute_value=True gathers them instead
-        distributed = any(b.parts for b in compiled.branches) and not compute_value
+        distributed = any(b.parts for b in compiled.branches) and not opts.compute_value
         close = stack.pop_all().close if distributed else None
     # where the time outside the run went: compile (and pre-flight checks), and the cluster
     # ("started": an embedded one, "reused": kept from the process's last run, "given"/"connected")

@@ -38,6 +38,7 @@ parallelism; a trial that fails is recorded and the search goes on). Not support
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -199,8 +200,13 @@ class OptunaSearchCV(ClientParam, _OptunaSearchCV):
             error_score=self.error_score, fit_params=fit_params_res, study=self.study_, in_flight=self.in_flight,
         )
         self.quiver_result_ = _run(node, self.client, self.progress, self.verbose, self.error_score)
-        if self.refit:
-            self._refit(X, y, **fit_params)
+        if self.refit:  # as optuna_integration refits: the whole data, the study's best parameters
+            from sklearn.base import clone
+
+            self.best_estimator_ = clone(self.estimator).set_params(**self.study_.best_params)
+            start = time.time()
+            self.best_estimator_.fit(X, y, **fit_params)
+            self.refit_time_ = time.time() - start
         return self
 
 

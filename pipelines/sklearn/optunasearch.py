@@ -45,11 +45,10 @@ from typing import Any
 import numpy as np
 from optuna_integration.sklearn import OptunaSearchCV as _OptunaSearchCV
 
+from ..space import SUPPORTED
 from .clientparam import ClientParam
 
 __all__ = ["OptunaSearchCV"]
-
-SUPPORTED = ("FloatDistribution", "IntDistribution", "CategoricalDistribution")
 
 
 class OptunaSearchCV(ClientParam, _OptunaSearchCV):
@@ -109,6 +108,15 @@ class OptunaSearchCV(ClientParam, _OptunaSearchCV):
         self.in_flight = in_flight
         self.client = client
         self.progress = progress
+
+    @property
+    def cv_results_(self) -> dict:
+        """optuna_integration's: each trial's user attributes, one list per key, in trial order;
+        a trial without one (it failed before its scores were made) has NaN there (the parent
+        takes the first trial's keys and fails on a trial that lacks one)."""
+        attrs = [t.user_attrs for t in self.trials_]
+        keys = list(dict.fromkeys(k for a in attrs for k in a))
+        return {k: [a.get(k, np.nan) for a in attrs] for k in keys}
 
     # ---- checks ----------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -217,7 +225,7 @@ def _run(node: Any, client: Any, progress: Any, verbose: Any, error_score: Any) 
     from ..runner import run_search_node
     from .steps import FitFailed
 
-    result = run_search_node(node, client, progress=bool(progress), quiet=not verbose, raise_if_all_failed=False)
+    result = run_search_node(node, client, progress=progress, quiet=not verbose, raise_if_all_failed=False)
     table = result.table
     failed = table[table["state"] == "FAIL"] if "state" in table else table.iloc[:0]
     if error_score == "raise" and len(failed):

@@ -17,13 +17,19 @@ Methods, on the same 2 cores (one BLAS thread per process):
   LocalCluster of 2 worker processes x 1 thread (2 proposals in flight);
 * ``optuna``: the same objective in Optuna's define-by-run style, ``study.optimize(n_trials,
   n_jobs=2)``, the same sampler class and seed, the data made once per process (not per trial).
+* ``optuna-dask``: the same objective on the same Dask cluster as Quiver's (a LocalCluster of 2
+  worker processes x 1 thread), Optuna's own way (optuna-examples' ``dask_simple.py``): a study in
+  ``optuna_integration.DaskStorage`` (in memory on the scheduler) and one ``study.optimize`` task
+  per worker, each with half the trials, its data made once, its ``TPESampler(seed=<worker>)``
+  (a different seed per worker: the same seed would propose the same startup trials twice).
+  Only when optuna-integration is installed (the ``bench`` extra).
 
 Each (method, workload) runs in a fresh process, ``--repeats`` times (median reported), methods
 interleaved. ``wall``: the search itself (Quiver: from the first ask to the last tell; its
 cluster's start is reported apart as ``cluster_seconds``); ``process``: the child process's
 whole life. "Prefix fits": the feature extractor fits each method ran (Optuna: one per trial;
-Quiver: one per distinct extractor proposed); "saved" is the difference. Optuna on Dask
-(``DaskStorage``) is not measured: ``optuna-integration`` is not installed here.
+Quiver: one per distinct extractor proposed); "saved" is the difference. ``optuna-dask``'s
+``wall``: from the first submit to the last task's end (its cluster's start apart, as Quiver's).
 Results: ``benchmarks/results/adaptive_search.json`` (with the load average: the machine may be shared).
 """
 
@@ -130,12 +136,8 @@ def run_quiver(workload: str, n_rows: int, n_trials: int) -> dict:
     }
 
 
-def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    data = load(n_rows)  # once per process, as a careful Optuna user writes it
-    fits = [0]
+def objective_for(workload: str, data: dict, fits: list):
+    """The define-by-run objective both Optuna methods run (``fits[0]`` counts extractor fits)."""
 
     def objective(trial):
         if workload == "prefix":
@@ -149,6 +151,16 @@ def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
         return logreg(data, C=trial.suggest_float("model.C", 1e-4, 1e2, log=True),
                       tol=trial.suggest_float("model.tol", 1e-5, 1e-2, log=True))["accuracy"]
 
+    return objective
+
+
+def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    data = load(n_rows)  # once per process, as a careful Optuna user writes it
+    fits = [0]
+    objective = objective_for(workload, data, fits)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
     clock = time.perf_counter()
     study.optimize(objective, n_trials=n_trials, n_jobs=2)
@@ -159,9 +171,53 @@ def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
             "prefix_fits_saved": 0}
 
 
+def _optimize_on_worker(workload: str, n_rows: int, n_trials: int, study_name: str, storage, seed: int) -> int:
+    """One worker's share of the ``optuna-dask`` search: its data once, ``n_trials`` trials of the
+    shared study (``storage``: the ``DaskStorage``, unpickled here onto this worker's client)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=optuna.samplers.TPESampler(seed=seed))
+    fits = [0]
+    study.optimize(objective_for(workload, load(n_rows), fits), n_trials=n_trials)
+    return fits[0]
+
+
+def run_optuna_dask(workload: str, n_rows: int, n_trials: int) -> dict:
+    import optuna
+    from distributed import Client, LocalCluster, wait
+    from optuna_integration import DaskStorage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    clock = time.perf_counter()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(2)
+        cluster_seconds = time.perf_counter() - clock
+        storage = DaskStorage(client=client)
+        study = optuna.create_study(direction="maximize", storage=storage, study_name="adaptive-dask")
+        workers = sorted(client.scheduler_info()["workers"])
+        shares = [n_trials // len(workers) + (1 if i < n_trials % len(workers) else 0) for i in range(len(workers))]
+        clock = time.perf_counter()
+        futures = [client.submit(_optimize_on_worker, workload, n_rows, share, "adaptive-dask", storage, i,
+                                 workers=[w], pure=False) for i, (w, share) in enumerate(zip(workers, shares))]
+        wait(futures)
+        wall = time.perf_counter() - clock
+        fits = sum(f.result() for f in futures)
+        trials = study.get_trials(deepcopy=False)
+        states = [tr.state.name for tr in trials]
+        best = float(study.best_value)
+    return {"wall": wall, "cluster_seconds": cluster_seconds, "best_value": best, "trials": len(trials),
+            "complete": states.count("COMPLETE"), "failed": states.count("FAIL"), "prefix_fits": fits,
+            "prefix_fits_saved": 0}
+
+
+RUNNERS = {"quiver": run_quiver, "optuna": run_optuna, "optuna-dask": run_optuna_dask}
+
+
 def one(method: str, workload: str, size: str) -> None:
     n_rows, n_trials = SIZES[size]
-    fn = run_quiver if method == "quiver" else run_optuna
+    fn = RUNNERS[method]
     out = fn(workload, n_rows, n_trials)
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -178,6 +234,14 @@ def measure(method: str, workload: str, size: str) -> dict:
     return {**json.loads(line[7:]), "process": process}
 
 
+def _default_methods() -> list[str]:
+    try:
+        import optuna_integration.dask  # noqa: F401
+    except ImportError:
+        return ["quiver", "optuna"]
+    return ["quiver", "optuna", "optuna-dask"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", nargs=3, metavar=("METHOD", "WORKLOAD", "SIZE"), help=argparse.SUPPRESS)
@@ -185,6 +249,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny, 1 repetition")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--workloads", default="prefix,flat")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated, of quiver,optuna,optuna-dask (default: all; optuna-dask only with "
+                         "optuna-integration installed)")
     ap.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "adaptive_search.json"))
     args = ap.parse_args()
     if args.one:
@@ -194,28 +261,32 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     workloads = args.workloads.split(",")
     load_before = os.getloadavg()
-    runs: dict = {w: {"quiver": [], "optuna": []} for w in workloads}
+    methods = args.methods.split(",") if args.methods else _default_methods()
+    unknown = [m for m in methods if m not in RUNNERS] + [m for m in ("quiver", "optuna") if m not in methods]
+    if unknown:
+        ap.error(f"--methods: {', '.join(unknown)}: give quiver and optuna, and optionally optuna-dask")
+    runs: dict = {w: {m: [] for m in methods} for w in workloads}
     for r in range(repeats):
         for w in workloads:
-            for method in ("quiver", "optuna") if r % 2 == 0 else ("optuna", "quiver"):  # interleaved
+            for method in methods if r % 2 == 0 else methods[::-1]:  # interleaved
                 res = measure(method, w, size)
                 runs[w][method].append(res)
-                print(f"[{r + 1}/{repeats}] {w:6s} {method:6s} wall {res['wall']:7.2f} s  best {res['best_value']:.4f}  "
+                print(f"[{r + 1}/{repeats}] {w:6s} {method:11s} wall {res['wall']:7.2f} s  best {res['best_value']:.4f}  "
                       f"prefix fits {res['prefix_fits']}", flush=True)
     summary: dict = {}
     targets = {"prefix": 1.5, "flat": 1.0}
     print(f"\nsize {size}: {SIZES[size][0]} rows x {FEATURES} features, {SIZES[size][1]} TPE trials, medians of {repeats}")
-    print(f"{'workload':8s} {'method':7s} {'wall s':>8s} {'process s':>9s} {'best':>7s} {'spread':>13s} {'prefix fits':>11s}")
+    print(f"{'workload':8s} {'method':11s} {'wall s':>8s} {'process s':>9s} {'best':>7s} {'spread':>13s} {'prefix fits':>11s}")
     for w in workloads:
         s: dict = {}
-        for method in ("quiver", "optuna"):
+        for method in methods:
             rs = runs[w][method]
             best = [x["best_value"] for x in rs]
             s[method] = {"wall_median": statistics.median(x["wall"] for x in rs),
                          "process_median": statistics.median(x["process"] for x in rs),
                          "best_median": statistics.median(best), "best_min": min(best), "best_max": max(best),
                          "prefix_fits_median": statistics.median(x["prefix_fits"] for x in rs), "runs": rs}
-            print(f"{w:8s} {method:7s} {s[method]['wall_median']:8.2f} {s[method]['process_median']:9.2f} "
+            print(f"{w:8s} {method:11s} {s[method]['wall_median']:8.2f} {s[method]['process_median']:9.2f} "
                   f"{s[method]['best_median']:7.4f} {best and min(best):6.4f}-{max(best):6.4f} "
                   f"{s[method]['prefix_fits_median']:11.0f}")
         q = runs[w]["quiver"]
@@ -224,6 +295,9 @@ def main() -> None:
         met = speedup >= goal
         s["speedup_wall"] = speedup
         s["speedup_process"] = s["optuna"]["process_median"] / s["quiver"]["process_median"]
+        if "optuna-dask" in s:
+            s["speedup_wall_vs_optuna_dask"] = s["optuna-dask"]["wall_median"] / s["quiver"]["wall_median"]
+            s["speedup_process_vs_optuna_dask"] = s["optuna-dask"]["process_median"] / s["quiver"]["process_median"]
         s["target"] = {"speedup_at_least": goal, "met": met}
         s["executed_equals_unique"] = all(x["executed_tasks"] == x["unique_tasks"] for x in q)
         s["prefix_fits_saved_median"] = statistics.median(x["prefix_fits_saved"] for x in q)
@@ -234,8 +308,12 @@ def main() -> None:
               f"with process start {s['speedup_process']:.2f}x; executed = unique: {s['executed_equals_unique']}; "
               f"prefix fits saved (median): {s['prefix_fits_saved_median']:.0f}; Quiver's best within Optuna's "
               f"spread: {s['best_within_optuna_spread']}")
+        if "optuna-dask" in s:
+            print(f"  {w}: against Optuna on the same Dask cluster (DaskStorage): "
+                  f"{s['speedup_wall_vs_optuna_dask']:.2f}x (search wall), {s['speedup_process_vs_optuna_dask']:.2f}x "
+                  "(process)")
     out = {"size": size, "rows": SIZES[size][0], "features": FEATURES, "n_trials": SIZES[size][1], "repeats": repeats,
-           "sampler": "TPESampler(seed=0)", "cores": os.cpu_count(), "load_average_before": load_before,
+           "sampler": "TPESampler(seed=0)", "methods": methods, "cores": os.cpu_count(), "load_average_before": load_before,
            "load_average_after": os.getloadavg(), "python": platform.python_version(), "workloads": summary}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(out, indent=1, default=str))

@@ -186,7 +186,12 @@ class SearchSpec:
     """An adaptive search over the branches flowing in (issue 47): ``n_trials`` proposals of a
     sampler (any Optuna sampler, or the ``study``'s), ``in_flight`` of them at a time (``None``:
     the cluster's threads), each a branch whose ``metric`` is told to the sampler. What
-    ``Node.search`` returns, checked there; ``graph.run.adaptive`` runs it."""
+    ``Node.search`` returns, checked there; ``graph.run.adaptive`` runs it.
+    ``param_names``: the names the sampler sees, ``"qualified"`` (``"<explore>.<param>"``,
+    ``graph.compiling.trials``) or ``"plain"`` (a parameter's own name, which must then be
+    unique: a drop-in whose study uses the names its user gave, ``pipelines.sklearn.OptunaSearchCV``).
+    ``user_attrs``: each trial's last step's scalar entries become the trial's user attributes
+    (set before it is told, so they are in any storage with it)."""
 
     input: "Spec"
     metric: Union[str, Callable[[Any], Any]]
@@ -196,6 +201,8 @@ class SearchSpec:
     in_flight: int | None = None
     sampler: Any = None
     study: Any = None
+    param_names: str = "qualified"
+    user_attrs: bool = False
 
 
 Spec = Union[SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec, SearchSpec]

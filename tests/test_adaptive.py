@@ -237,6 +237,22 @@ def test_the_names_a_sampler_sees():
     assert set(names) == {"prep", "model", "model.fit.a", "model.fragile.a", "model.depth"}
 
 
+def test_plain_names_are_the_parameters_own_and_must_not_repeat():
+    """``SearchSpec(param_names="plain")`` (pipelines.sklearn.OptunaSearchCV's ``clf__C``): a
+    space's parameter is asked by its own name; two questions of one name are refused."""
+    import dataclasses
+
+    from graph.compiling.trials import SearchSpace
+
+    node = (Pipeline("plain").source(s.load).explore("prep", space(s.width, n=IntDistribution(1, 2)))
+            .explore("model", space(s.deep, depth=IntDistribution(1, 4))))
+    spec = dataclasses.replace(node.search("score").spec, param_names="plain")
+    assert set(SearchSpace(spec).names()) == {"n", "depth"}
+    clash = node.explore("again", space(s.width, n=IntDistribution(3, 4)))
+    with pytest.raises(graph.PipelineError, match="asks the sampler 'n' twice.*'prep' and 'again'"):
+        SearchSpace(dataclasses.replace(clash.search("score").spec, param_names="plain"))
+
+
 def test_a_generator_step_can_end_a_search_and_its_return_value_is_told(client):
     node = Pipeline("gen").source(s.load).explore("train", space(s.epochs, lr=FloatDistribution(0.0, 1.0))).search(
         "score", n_trials=4, sampler=optuna.samplers.RandomSampler(seed=0))

@@ -25,6 +25,17 @@ Nothing here imports Optuna: a trial is any object with Optuna's ``suggest_*`` m
 >>> p = compile_proposal(space.suggest(Trial()))
 >>> p.choices, [k.split("-")[0] for k in p.path], p.metric.split("-")[0]
 ({'op': ('mul', {'n': 3})}, ['load', 'mul'], 'metric')
+
+``SearchSpec(..., param_names="plain")`` names a space's parameters by their own names (the
+study then uses the names a drop-in's user gave, ``pipelines.sklearn.OptunaSearchCV``'s
+``"clf__C"``); two questions of one name are refused:
+
+>>> class Dist:                       # stands for an optuna FloatDistribution
+...     low, high, step, log = 0.0, 1.0, None, False
+>>> FloatDistribution = type("FloatDistribution", (Dist,), {})
+>>> one = (Alternative("add", Call(add, (), "add"), space=(("n", FloatDistribution()),)),)
+>>> list(SearchSpace(SearchSpec(ExploreSpec(src, "op", one), "v", "v", param_names="plain")).names())
+['n']
 """
 
 from __future__ import annotations
@@ -111,10 +122,34 @@ class SearchSpace:
             s = s.input
         self.source = s
         self.line = list(reversed(line))
-        self.explores = {e.name: self._explore(e) for e in self.line if isinstance(e, ExploreSpec)}
+        plain = self._plain(search)
+        self.explores = {e.name: self._explore(e, plain) for e in self.line if isinstance(e, ExploreSpec)}
+        if plain:
+            self._refuse_shared_names()
 
     @staticmethod
-    def _explore(e: ExploreSpec) -> _Explore:
+    def _plain(search: SearchSpec) -> bool:
+        names = getattr(search, "param_names", "qualified")
+        if names not in ("qualified", "plain"):
+            raise PipelineError(f"a search's param_names is 'qualified' or 'plain', got {names!r}")
+        return names == "plain"
+
+    def _refuse_shared_names(self) -> None:
+        """With plain names, two questions of one name would be one parameter to the sampler."""
+        seen: dict[str, str] = {}
+        for name, ex in self.explores.items():
+            asked = ([name] if len(ex.choices) > 1 else []) + [s for params in ex.params for _, s, _ in params]
+            for sname in asked:
+                if sname in seen:
+                    raise PipelineError(
+                        f"a search with param_names='plain' asks the sampler {sname!r} twice (explores "
+                        f"{seen[sname]!r} and {name!r}); rename one parameter or explore, or use "
+                        "param_names='qualified' (\"<explore>.<param>\")."
+                    )
+                seen[sname] = name
+
+    @staticmethod
+    def _explore(e: ExploreSpec, plain: bool = False) -> _Explore:
         labels = [a.label for a in e.alternatives]
         choices = []
         for a in e.alternatives:
@@ -127,7 +162,8 @@ class SearchSpace:
             for n, _ in a.space:
                 counts[n] = counts.get(n, 0) + 1
         params = tuple(
-            tuple((n, f"{e.name}.{n}" if counts[n] == 1 else f"{e.name}.{c}.{n}", d) for n, d in a.space)
+            tuple((n, n if plain else f"{e.name}.{n}" if counts[n] == 1 else f"{e.name}.{c}.{n}", d)
+                  for n, d in a.space)
             for a, c in zip(e.alternatives, choices)
         )
         return _Explore(e, tuple(choices), params)

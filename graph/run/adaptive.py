@@ -231,6 +231,10 @@ class _Search:
 
         trial = self.trials.pop(ins.trial)
         self.told_at[ins.trial] = time.perf_counter() - self.started
+        if self.search.user_attrs:  # the last step's scalars, on the trial itself (SearchSpec.user_attrs)
+            rec = self.rule.trials.get(ins.trial)
+            for key, value in self.scalars.get(rec.metric if rec is not None else "", {}).items():
+                trial.set_user_attr(key, value)
         if ins.error is not None:
             with contextlib.suppress(Exception):  # shown by optuna-dashboard; not worth a failed search
                 trial.set_user_attr("quiver_error", ins.error[:2000])

@@ -26,7 +26,6 @@ differs: docs/sklearn-dropin.md.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import time
 from typing import Any
@@ -42,6 +41,7 @@ from sklearn.utils.validation import indexable
 
 from ._compat import _MultimetricScorer, _check_method_params, _fit_context, _num_samples
 from .callbacks import refit_hooks, root_context
+from .clientparam import ClientParam
 from .evaluate import Evaluator
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV"]
@@ -50,40 +50,9 @@ _QUIVER_CONSTRAINTS = {"client": "no_validation", "memory_budget": "no_validatio
                        "progress": ["boolean", None], "tracking": "no_validation"}
 
 
-def _scheduler_address(client: Any) -> str | None:
-    """The scheduler address of a ``distributed.Client`` (``None`` for anything else)."""
-    try:
-        from distributed import Client
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
-    if not isinstance(client, Client):
-        return None
-    return client.scheduler.address
-
-
-class _QuiverSearch:
-    """``fit`` for a scikit-learn search: one Quiver exploration instead of joblib."""
-
-    # ---- a Client as ``client=``: passed by reference, pickled as its scheduler address ------
-    def __sklearn_clone__(self):
-        """``sklearn.base.clone``: scikit-learn's own clone, except that ``client`` is the same
-        object in the clone (a ``Client`` holds a connection: it cannot be deep-copied, and the
-        clone should run on the same cluster)."""
-        proxy = copy.copy(self)  # shallow: self is left as it is (another thread may be using it)
-        proxy.client = None
-        new = super(_QuiverSearch, proxy).__sklearn_clone__()
-        new.client = self.client
-        return new
-
-    def __getstate__(self):
-        """Pickle as scikit-learn does; a ``Client`` given as ``client`` is pickled as its
-        scheduler address (a connection cannot be pickled), so the unpickled search runs on the
-        same scheduler if it is still there, and predicts without it."""
-        state = dict(super().__getstate__())
-        address = _scheduler_address(state.get("client"))
-        if address is not None:
-            state["client"] = address
-        return state
+class _QuiverSearch(ClientParam):
+    """``fit`` for a scikit-learn search: one Quiver exploration instead of joblib (``client``:
+    :class:`.clientparam.ClientParam`)."""
 
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y=None, **params):

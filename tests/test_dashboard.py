@@ -104,6 +104,11 @@ def test_failed_and_pruned_branches_are_reported(client):
     assert "failed" in got.values() and "dropped" in got.values() and "chosen" in got.values()
     failed = next(b for b in run["branches"] if b["status"] == "failed")
     assert "refusing x=3" in failed["error"]
+    # its story: the state machine's last handlings naming its tasks, ending with the failure
+    story = failed["story"]
+    assert 2 <= len(story) <= 12 and story[-1]["stimulus"].startswith("TaskFailed")
+    assert "refusing x=3" in " ".join(story[-1]["events"])
+    assert all(b["story"] == [] for b in run["branches"] if b["status"] != "failed")
 
 
 def test_pages_are_served_and_linked_from_the_dashboard(client):
@@ -274,6 +279,21 @@ def test_table_escapes_names_and_keeps_fixed_columns_apart():
     data = page.table_source.data
     assert len({len(v) for v in data.values()}) == 1  # a metric called "error" does not clash
     assert data["m:error"] == [0.0, 0.1, 0.2] and data["error"] == ["", "", ""]
+    assert "story" not in [c.field for c in page.table.columns]  # no failed branch: no story column
+
+
+def test_a_failed_branchs_story_is_a_column_and_in_its_hover():
+    from graph.dashboard.pages import ExplorationPage, _branch_info
+
+    story = [{"stimulus": f"s{i}", "events": [], "instructions": []} for i in range(8)]
+    branches = [{"id": 0, "labels": {}, "params": {}, "metrics": {}, "status": "failed", "error": "ValueError: x",
+                 "story": story},
+                {"id": 1, "labels": {}, "params": {}, "metrics": {}, "status": "chosen", "error": None, "story": []}]
+    page = ExplorationPage(scheduler=None)
+    page._table({"explores": [], "branches": branches})
+    assert [c.field for c in page.table.columns][-1] == "story"
+    assert page.table_source.data["story"] == ["… → s2 → s3 → s4 → s5 → s6 → s7", ""]
+    assert _branch_info(branches[0]).endswith("story: … → s2 → s3 → s4 → s5 → s6 → s7")
 
 
 def test_reruns_of_one_pipeline_stay_cheap_and_training_follows_the_newest_run():

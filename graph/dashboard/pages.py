@@ -72,7 +72,16 @@ def _branch_info(b: dict) -> str:
         info += f" (last report {b['last_report']:.4g})"
     if b.get("error"):
         info += f"  {b['error'][:120]}"
+    if b.get("story"):
+        info += f"  story: {_story_line(b['story'])}"
     return info
+
+
+def _story_line(story: list, last: int = 6) -> str:
+    """A failed branch's story (the state machine's last handlings naming its tasks) as its
+    stimulus ids, oldest first: ``run-started → fit-3f2a-error``."""
+    sids = [str(e.get("stimulus", "")) for e in story[-last:] if isinstance(e, dict)]
+    return ("… → " if len(story) > last else "") + " → ".join(sids)
 
 
 #: the order a collapsed group's colour is picked in: the first status any of its branches has
@@ -429,7 +438,7 @@ class ExplorationPage(_RunPage):
                     metrics.append(m)
         # field names are prefixed so a metric or explore called "error" or "status" cannot
         # collide with the fixed columns; titles are escaped (BokehJS renders them as HTML)
-        data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": []}
+        data: dict[str, list] = {"branch": [], "status": [], "chosen": [], "error": [], "story": []}
         iterative = any(b.get("iterations") is not None for b in run["branches"])
         if iterative:  # iterative steps (docs/architecture.md §7): reports made, where pruned
             data["iterations"], data["pruned at"], data["last report"] = [], [], []
@@ -440,6 +449,7 @@ class ExplorationPage(_RunPage):
             data["status"].append(b["status"])
             data["chosen"].append("chosen" if b["status"] == "chosen" else "")
             data["error"].append(b["error"] or "")
+            data["story"].append(_story_line(b["story"]) if b.get("story") else "")
             if iterative:
                 data["iterations"].append(b.get("iterations") or 0)
                 data["pruned at"].append("" if b.get("pruned_at") is None else f"iteration {b['pruned_at']}")
@@ -464,6 +474,8 @@ class ExplorationPage(_RunPage):
             columns += [TableColumn(field=c, title=c) for c in ("iterations", "pruned at")]
             columns.append(TableColumn(field="last report", title="last report", formatter=NumberFormatter(format="0.0000")))
         columns += [TableColumn(field=c, title=c) for c in ("status", "chosen", "error")]
+        if any(data["story"]):  # failed branches: the state machine's last handlings naming their tasks
+            columns.append(TableColumn(field="story", title="story"))
         if [c.field for c in self.table.columns] != [c.field for c in columns]:
             self.table.columns = columns
         self.table_source.data = data

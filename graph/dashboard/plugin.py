@@ -252,6 +252,8 @@ class QuiverDashboard(SchedulerPlugin):
                 b["scalars"].update(u.get("scalars") or {})
                 if u.get("error"):
                     b["error"] = u["error"]
+                if isinstance(u.get("story"), (list, tuple)):  # a failed branch's last handlings (end)
+                    b["story"] = [e for e in u["story"] if isinstance(e, dict)]
                 if "iterations" in u:  # an iterative step's reports (docs/architecture.md §7)
                     b["iterations"], b["pruned_at"] = u["iterations"], u.get("pruned_at")
                 if isinstance(u.get("curve"), (list, tuple)):  # new points of its report curve (msgpack: a tuple)
@@ -356,6 +358,7 @@ class QuiverDashboard(SchedulerPlugin):
                     "metrics": dict(b["metrics"]),
                     "scalars": dict(b["scalars"]),
                     "error": b["error"],
+                    "story": list(b.get("story") or ()),
                     "key": b["key"],
                     "iterations": b.get("iterations"),
                     "pruned_at": b.get("pruned_at"),

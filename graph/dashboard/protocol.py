@@ -9,7 +9,9 @@ plugins, so :class:`graph.dashboard.QuiverDashboard` sees them, and Dask's own
   ``{"kind": "start", ...}`` with the branches (choices, keys, ``label``: the choices that
   differ between the branches, :mod:`graph.labels`) and the chooses, then
   ``{"kind": "update", ...}`` with the branches whose status or metric changed
-  (throttled), then ``{"kind": "end", ...}`` with every branch's final status.
+  (throttled), then ``{"kind": "end", ...}`` with every branch's final status (a failed
+  branch's with its ``story``: the state machine's last handlings that name its tasks, each
+  ``{"stimulus", "events", "instructions"}``).
   A run with iterative steps (docs/architecture.md §7) adds, per changed branch,
   ``iterations`` and ``pruned_at``, and its report curve as a delta: ``curve`` (the values of
   the ``curve_choose`` metric, named in ``start``, that were not sent before) starting at
@@ -86,7 +88,7 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     if isinstance(value, numbers.Real):
         f = float(value)
         return f if math.isfinite(f) else None
-    if depth > 6:
+    if depth > 10:  # the JSON state's deepest: runs / branches / story / events
         return str(value)
     if isinstance(value, dict):
         return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
@@ -306,9 +308,12 @@ class ExplorationPublisher:
             entry["curve"], entry["curve_at"] = jsonable(list(curve[sent:])), sent
             self._curve_sent[entry["id"]] = len(curve)
 
-    def finish(self, rows: list, stats: dict | None = None, error: str | None = None, timeout: float = 10.0) -> None:
+    def finish(self, rows: list, stats: dict | None = None, error: str | None = None, timeout: float = 10.0,
+               stories: dict[int, list] | None = None) -> None:
         """Send every branch's final status (``rows``: the executor's ``RowState`` list) and
-        close the sender, waiting at most ``timeout`` s (queued updates make room for it)."""
+        close the sender, waiting at most ``timeout`` s (queued updates make room for it).
+        ``stories``: failed branches' last handlings of the state machine
+        (``ExplorationState.failure_stories``), shown beside their error."""
         branches = []
         for i, r in enumerate(rows if self.detailed else ()):
             metrics = {
@@ -325,6 +330,8 @@ class ExplorationPublisher:
             )
             if r.iterations is not None:
                 branches[-1]["iterations"], branches[-1]["pruned_at"] = r.iterations, r.pruned_at
+            if stories and stories.get(i):
+                branches[-1]["story"] = jsonable(stories[i])
         self._send(
             {
                 "kind": "end",

@@ -678,7 +678,7 @@ class _Run:
         """The state machine said ``Fail``: the dashboard hears it; the ``RunError`` holds the table."""
         rows = self.state.rows()
         table, _ = build_table(self.compiled, rows, {}, self.snap.get("seconds", {}))
-        self.publisher.finish(rows, error=message, timeout=_left(self.deadline))
+        self.publisher.finish(rows, error=message, timeout=_left(self.deadline), stories=self.state.failure_stories())
         return RunError(message, table=table, story=self.state.story()[-50:])  # the machine's last steps
 
     def clean_up(self) -> None:
@@ -725,7 +725,7 @@ class _Run:
         if self.state.halving:
             table.attrs["rungs"] = self.state.rung_log()  # Result.rungs: every arrival at a rung, in order
         stats = self.stats()
-        self.publisher.finish(rows, stats)  # final statuses for the dashboard
+        self.publisher.finish(rows, stats, stories=self.state.failure_stories())  # final statuses, failures' stories
         failed = every_branch_failed(rows)  # the rule's one owner: graph.state.failures
         if self.opts.raise_if_all_failed and failed:
             raise RunError(failed, table=table, story=self.state.story()[-50:])

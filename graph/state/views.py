@@ -106,6 +106,39 @@ class Views:
             if t.state == DONE
         }
 
+    def failure_stories(self, most: int = 20, last: int = 12) -> dict[int, list[dict]]:
+        """For the first ``most`` failed output branches, the last ``last`` handlings of the
+        machine's story (:meth:`story`) that name a task of the branch's path, oldest first, as
+        ``{"stimulus", "events", "instructions"}``: what the dashboard shows beside the error.
+
+        >>> import graph
+        >>> from graph.state.events import Start, TaskFailed
+        >>> from graph.state.machine import ExplorationState
+        >>> from pipelines import Pipeline
+        >>> def load(): return 1
+        >>> s = ExplorationState(graph.compile(Pipeline("s").source(load)))
+        >>> _ = s.handle(Start(), stimulus_id="run-started")
+        >>> key = s.c.branches[0].key
+        >>> _ = s.handle(TaskFailed(key, "ValueError: bad", ""), stimulus_id="load-error")
+        >>> [e["stimulus"] for e in s.failure_stories()[0]]
+        ['run-started', 'load-error']
+        """
+        out: dict[int, list[dict]] = {}
+        for j, tip in enumerate(self.output_tips):
+            if len(out) >= most:
+                break
+            if self._failure(j) is None:
+                continue
+            wanted = {str(k) for k in tip.keys}
+            found = []
+            for sid, events, instructions in reversed(self._story):  # newest first: stop after ``last``
+                if any(w in text for text in (*events, *instructions) for w in wanted):
+                    found.append({"stimulus": sid, "events": list(events), "instructions": list(instructions)})
+                    if len(found) >= last:
+                        break
+            out[j] = found[::-1]
+        return out
+
     def rows(self) -> list[RowState]:
         """Every output branch's final record for the table."""
         return [self.row(j) for j in range(len(self.output_tips))]

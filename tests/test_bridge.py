@@ -97,6 +97,7 @@ def test_the_config_turns_it_off():
     assert os.getpid() not in {v["pid"] for v in r.values}
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_start_retried_with_spawn_replaces_the_first_workers(monkeypatch):
     # graph.cluster.workerstart retries a failed forked start once with spawn, calling the cluster's
     # ``make`` again: under a bridge that reuses the scheduler already handed to the run, and the

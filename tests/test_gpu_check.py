@@ -38,6 +38,7 @@ def _blocks(stdout: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 @pytest.mark.timeout(200)
 def test_dry_run_names_every_step_says_what_it_would_do_or_why_not_and_exits_0(tmp_path):
     out = tmp_path / "out"

@@ -137,6 +137,7 @@ def test_modules_workers_import_do_not_load_pandas():
     assert python_prints(code) == "[]"
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_imports_load_no_heavy_library_nobody_asked_for():
     """A scikit-learn user pays for neither torch nor dask.dataframe (each ~1 s to import):
     not at import, and not in a drop-in fit of scikit-learn steps."""
@@ -156,6 +157,7 @@ def test_imports_load_no_heavy_library_nobody_asked_for():
     assert python_prints(code).splitlines()[-1] == "[] []"
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_loop_trained_outside_dask_does_not_import_dask():
     """``gpu.train_loop`` in a plain script (no cluster) publishes nothing and imports no Dask:
     asking "am I in a task?" where nothing imported ``distributed`` answers no without it."""

@@ -131,6 +131,7 @@ def test_a_removed_member_leaves_the_others_unchanged_and_a_waiting_one_joins(di
         pack.result("b")
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 @pytest.mark.parametrize("loop", [LOOP, gpu.Loop(model=MLP, step=plain_sgd_step)], ids=["built-in", "own-step"])
 def test_a_member_moved_to_another_pack_goes_on_as_if_it_had_stayed(digits, loop):
     """snapshot() in one PackedLoop, add(resume=...) in another (a take-over's move): the moved
@@ -289,6 +290,7 @@ def test_packable_loop_groups_follow_the_rule():
 # ---- on a real cluster ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_packed_pruning_run_of_a_users_loop_prunes_by_the_rule_with_solo_curves(client):
     from tests.rule_check import check_rule
 
@@ -320,6 +322,7 @@ def test_a_packed_pruning_run_of_a_users_loop_prunes_by_the_rule_with_solo_curve
     assert isinstance(packed.value["model"], torch.nn.Module)
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_worker_killed_mid_pack_gives_the_same_decisions():
     """SIGKILL the worker whose packed loop task has just reported: Dask reruns it, the members
     are retrained from their seeds, replayed reports are not counted again, the rule holds on the
@@ -344,6 +347,7 @@ def _import_loops():
     import gpu.loops  # noqa: F401
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_an_idle_packed_loop_task_takes_a_member_over_and_goes_on_from_its_state(client, digits):
     """A packed loop task that starts when its group's other one holds every member takes one over
     and *moves* it (graph/state/claims.py: moves): the old owner hands the member's state over at

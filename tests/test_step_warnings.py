@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_steps_warnings_show_once_at_the_users_file_and_line(tmp_path):
     f = tmp_path / "explore.py"
     f.write_text(SCRIPT)

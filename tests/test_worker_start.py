@@ -89,6 +89,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_embedded_workers_are_forks_with_installed_step_modules_and_this_process_environment(tmp_path):
     (tmp_path / "my_user_steps.py").write_text("def step(x):\n    return x\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -151,6 +152,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_module_failing_in_the_prepared_process_leaves_it_serving(tmp_path):
     """Any error of a preloaded module (not only ImportError) stays in graph.cluster.forkserver_preload:
     the server lives on and forks workers, which import that module themselves if they need it."""
@@ -168,6 +170,7 @@ def test_a_module_failing_in_the_prepared_process_leaves_it_serving(tmp_path):
     assert out["workers"] == [{"bad": False, "svm": True}]  # the others were preloaded all the same
 
 
+@pytest.mark.slow  # tens of seconds: fresh processes and clusters of its own
 def test_a_started_server_leaves_this_process_its_meanwhile_work():
     """``start_workers(meanwhile=...)`` runs the work once, right after it starts the server
     (whose imports it overlaps), never when the server runs already; an embedded cluster's start

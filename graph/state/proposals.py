@@ -108,9 +108,10 @@ class Proposed:
 
 @dataclass(frozen=True)
 class Reported:
-    """An iterative step ``name`` made its ``step``-th report (from 1), whose search metric is
+    """An iterative step ``name`` made its report number ``step`` (counted from 0: the step Optuna
+    is told, as in ``for step in range(n): trial.report(v, step)``), whose search metric is
     ``value`` (NaN when the report lacks it): the run's report channel
-    (``graph.tasks.iterative.ReportChannel``) delivers each ``(name, step)`` once."""
+    (``graph.tasks.iterative.ReportChannel``) delivers each report once."""
 
     name: str
     step: int
@@ -173,7 +174,7 @@ class TrialRecord:
     error: str | None = None
     #: the proposal this trial was, from 0 (the order the sampler gave them)
     order: int = 0
-    #: the last step (from 1) and value its last step reported, judged for this trial
+    #: the last step (Optuna's, from 0) and value its last step reported, judged for this trial
     step: int | None = None
     reported: float | None = None
 

@@ -65,8 +65,8 @@ def deep(v, depth, log=None):
 
 
 def epochs(v, lr, log=None):
-    """An iterative (generator) step as a search's last step: its reports are not read yet, its
-    return value is the trial's."""
+    """An iterative (generator) step as a search's last step: without a pruner its reports prune
+    nothing, its return value is the trial's."""
     record(log, f"epochs({lr!r})")
     acc = 0.0
     for _ in range(3):

@@ -357,3 +357,68 @@ def test_a_trial_not_pruned_completes_with_its_read_metric():
     assert out == [Gather(("m@a",))]
     out = rule.handle(MetricRead("m@a", 0.9))
     assert tells(out) == [Tell(0, COMPLETE, 0.9, None)] and rule.stopped == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), prune_rate=st.sampled_from([0.0, 0.3, 0.8]), in_flight=st.integers(1, 4))
+def test_random_reports_and_verdicts_tell_each_trial_once_and_stop_only_steps_no_open_trial_needs(
+        seed, prune_rate, in_flight):
+    """Generator last steps report in random order among the outcomes, each report judged at
+    once with a random verdict; a stopped step's own end comes later (cancelled) or not at all."""
+    rng = random.Random(seed)
+    n_trials = 10
+    rule = ProposalRule(n_trials=n_trials, in_flight=in_flight)
+    pending_asks = asks(rule.handle(SearchStart()))
+    running: list[str] = []
+    reads: list[str] = []
+    told: list[int] = []
+    submitted: list[str] = []
+    stopped: list[str] = []  # cancelled keys whose (cancelled) outcome is still to come
+    steps: dict[str, int] = {}  # a running last step's reports made
+    last_reported: dict[int, float] = {}
+    trial = 0
+    for _ in range(10_000):
+        if rule.finished:
+            break
+        leaves = [k for k in running if k.startswith("fit-")]
+        choices = (["propose"] if pending_asks else []) + (["outcome"] if running else []) + \
+            (["read"] if reads else []) + (["report"] if leaves else []) + (["stopped"] if stopped else [])
+        assert choices, "the search is stuck"
+        what = rng.choice(choices)
+        if what == "propose":
+            pending_asks -= 1
+            leaf = f"fit-{rng.randrange(3)}"
+            out = rule.handle(Proposed(trial, ("load", leaf), f"m@{leaf}"))
+            trial += 1
+        elif what == "outcome":
+            out = rule.handle(TaskFinished(running.pop(rng.randrange(len(running)))))
+        elif what == "read":
+            out = rule.handle(MetricRead(reads.pop(rng.randrange(len(reads))), rng.random()))
+        elif what == "stopped":
+            out = rule.handle(TaskFailed(stopped.pop(rng.randrange(len(stopped))), "CancelledError: stopped"))
+        else:
+            leaf = rng.choice(leaves)
+            steps[leaf] = steps.get(leaf, -1) + 1
+            out = rule.handle(Reported(leaf, steps[leaf], rng.random()))
+        todo = list(out)
+        while todo:
+            ins = todo.pop(0)
+            if isinstance(ins, Judge):
+                last_reported[ins.trial] = ins.value
+                todo.extend(rule.handle(Verdict(ins.trial, ins.step, rng.random() < prune_rate)))
+            elif isinstance(ins, Cancel):
+                for k in ins.names:
+                    assert not any(k in (*r.tasks, r.metric) for r in rule.trials.values() if r.state is None)
+                    running.remove(k)
+                    if rng.random() < 0.7:
+                        stopped.append(k)
+            elif isinstance(ins, Tell) and ins.state == PRUNED:
+                assert ins.value == last_reported.get(ins.trial)
+                pending_asks += _follow([ins], running, submitted, reads, told)
+            else:
+                pending_asks += _follow([ins], running, submitted, reads, told)
+        assert rule.asked <= n_trials
+        assert len(rule.open) + rule.asking <= in_flight
+    assert rule.finished
+    assert sorted(told) == list(range(n_trials))
+    assert len(submitted) == len(set(submitted))

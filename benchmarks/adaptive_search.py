@@ -3,12 +3,21 @@
     python benchmarks/adaptive_search.py                 # full: 50k rows, 100 trials, 3 fresh processes each
     python benchmarks/adaptive_search.py --small         # 20k rows, 40 trials (a loaded 2-core machine)
     python benchmarks/adaptive_search.py --quick         # smoke test: tiny, 1 repetition
+    python benchmarks/adaptive_search.py --workloads pruned   # (b) only: torch training, MedianPruner
 
 Workloads (a seeded ``make_classification`` table, split 80/20; accuracy on the 20%):
 
 (a) ``prefix``: a costly categorical prefix, three feature extractors (``Nystroem(600)``,
     ``PCA(50, full SVD)``, ``SelectKBest(mutual_info_classif, k=50)``) x two model families with
     continuous parameters (``LogisticRegression(C)``; ``SGDClassifier(alpha, l1_ratio)``).
+(b) ``pruned``: a torch training loop (the ``torch.optim`` idiom: an MLP, ``SGD(lr, momentum=0.9,
+    weight_decay)``, ``loss.backward()``, ``optimizer.step()``) on scikit-learn's ``load_digits``
+    (split 80/20), validation accuracy reported after each epoch; continuous ``lr`` and
+    ``weight_decay`` (log), 30 trials, ``MedianPruner(n_startup_trials=5, n_warmup_steps=2)``.
+    Quiver: the training is a generator step (one report per epoch), the search's ``pruner=``
+    stops the trials it prunes; Optuna: the same loop with ``trial.report``/``trial.should_prune``
+    (``raise optuna.TrialPruned()``). ``epochs_reported``: the epochs the pruner saw, summed over
+    trials (Quiver's step may run part of one more epoch while its stop travels: not counted).
 (c) ``flat``: no shared prefix, one model (``LogisticRegression(C, tol)``) on the raw table.
 
 Methods, on the same 2 cores (one BLAS thread per process):
@@ -62,6 +71,8 @@ if str(ROOT) not in sys.path:
 
 SIZES = {"full": (50_000, 100), "small": (20_000, 40), "quick": (3_000, 8)}
 FEATURES = 200
+#: workload (b): (epochs, trials) per size (its data is load_digits: 1797 rows, always)
+PRUNED_SIZES = {"full": (30, 30), "small": (20, 30), "quick": (4, 8)}
 
 
 # ---- the steps (shared by both methods) ---------------------------------------------------------------
@@ -104,6 +115,79 @@ def sgd(d, alpha, l1_ratio):
 
 
 EXTRACTORS = {"nystroem": nystroem, "pca": pca, "kbest": kbest}
+
+
+# ---- workload (b): a torch training loop, pruned (its steps: benchmarks/adaptive_search_torch.py) -------
+def _pruner():
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)
+
+
+def run_quiver_pruned(size: str) -> dict:
+    import optuna
+    from optuna.distributions import FloatDistribution as Float
+
+    from pipelines import Pipeline, space
+
+    from benchmarks.adaptive_search_torch import digits, train_mlp
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    epochs, n_trials = PRUNED_SIZES[size]
+    node = Pipeline("adaptive-pruned").source(digits).explore(
+        "model", space(train_mlp, lr=Float(1e-4, 1.0, log=True), weight_decay=Float(1e-6, 1e-1, log=True),
+                       epochs=epochs))
+    search = node.search("accuracy", n_trials=n_trials, sampler=optuna.samplers.TPESampler(seed=0), pruner=_pruner())
+    result = search.run(workers=2, threads_per_worker=1, quiet=True, progress=False)
+    st = result.stats
+    trials = result.study.trials
+    return {
+        "wall": st["wall_seconds"], "cluster_seconds": st["cluster_seconds"],
+        "best_value": float(result.study.best_value), "trials": st["trials"], "complete": st["complete"],
+        "pruned": st["pruned"], "failed": st["failed"], "prefix_fits": 0, "prefix_fits_saved": 0,
+        "epochs_reported": sum(len(tr.intermediate_values) for tr in trials),
+        "stopped_steps": st["stopped_steps"], "prefix_tasks_saved": st["prefix_tasks_saved"],
+        "executed_tasks": st["executed_tasks"], "unique_tasks": st["unique_tasks"], "naive_tasks": st["naive_tasks"],
+    }
+
+
+def pruned_objective(data: dict, epochs: int):
+    """Workload (b) define-by-run, the Optuna way: report each epoch, ask the pruner."""
+    import optuna
+
+    from benchmarks.adaptive_search_torch import train_mlp
+
+    def objective(trial):
+        lr = trial.suggest_float("model.lr", 1e-4, 1.0, log=True)
+        weight_decay = trial.suggest_float("model.weight_decay", 1e-6, 1e-1, log=True)
+        acc = 0.0
+        for step, report in enumerate(train_mlp(data, lr, weight_decay, epochs=epochs)):
+            acc = report["accuracy"]
+            trial.report(acc, step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return acc
+
+    return objective
+
+
+def run_optuna_pruned(size: str) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from benchmarks.adaptive_search_torch import digits
+
+    epochs, n_trials = PRUNED_SIZES[size]
+    data = digits()  # once per process
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0), pruner=_pruner())
+    clock = time.perf_counter()
+    study.optimize(pruned_objective(data, epochs), n_trials=n_trials, n_jobs=2)
+    wall = time.perf_counter() - clock
+    states = [tr.state.name for tr in study.trials]
+    return {"wall": wall, "best_value": float(study.best_value), "trials": len(study.trials),
+            "complete": states.count("COMPLETE"), "pruned": states.count("PRUNED"), "failed": states.count("FAIL"),
+            "prefix_fits": 0, "prefix_fits_saved": 0,
+            "epochs_reported": sum(len(tr.intermediate_values) for tr in study.trials)}
 
 
 # ---- one measurement (in a fresh process) ---------------------------------------------------------------
@@ -213,12 +297,18 @@ def run_optuna_dask(workload: str, n_rows: int, n_trials: int) -> dict:
 
 
 RUNNERS = {"quiver": run_quiver, "optuna": run_optuna, "optuna-dask": run_optuna_dask}
+#: workload (b)'s runners (its sizes are PRUNED_SIZES); optuna-dask does not run it
+PRUNED_RUNNERS = {"quiver": run_quiver_pruned, "optuna": run_optuna_pruned}
 
 
 def one(method: str, workload: str, size: str) -> None:
-    n_rows, n_trials = SIZES[size]
-    fn = RUNNERS[method]
-    out = fn(workload, n_rows, n_trials)
+    if workload == "pruned":
+        if method not in PRUNED_RUNNERS:
+            raise SystemExit(f"workload pruned compares {' and '.join(PRUNED_RUNNERS)}, not {method}")
+        out = PRUNED_RUNNERS[method](size)
+    else:
+        n_rows, n_trials = SIZES[size]
+        out = RUNNERS[method](workload, n_rows, n_trials)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -262,6 +352,8 @@ def main() -> None:
     workloads = args.workloads.split(",")
     load_before = os.getloadavg()
     methods = args.methods.split(",") if args.methods else _default_methods()
+    if "pruned" in workloads and not args.methods:
+        methods = [m for m in methods if m != "optuna-dask"]  # (b) compares with study.optimize(n_jobs=2)
     unknown = [m for m in methods if m not in RUNNERS] + [m for m in ("quiver", "optuna") if m not in methods]
     if unknown:
         ap.error(f"--methods: {', '.join(unknown)}: give quiver and optuna, and optionally optuna-dask")
@@ -271,11 +363,15 @@ def main() -> None:
             for method in methods if r % 2 == 0 else methods[::-1]:  # interleaved
                 res = measure(method, w, size)
                 runs[w][method].append(res)
+                extra = (f"pruned {res['pruned']}/{res['trials']}, epochs reported {res['epochs_reported']}"
+                         if w == "pruned" else f"prefix fits {res['prefix_fits']}")
                 print(f"[{r + 1}/{repeats}] {w:6s} {method:11s} wall {res['wall']:7.2f} s  best {res['best_value']:.4f}  "
-                      f"prefix fits {res['prefix_fits']}", flush=True)
+                      f"{extra}", flush=True)
     summary: dict = {}
-    targets = {"prefix": 1.5, "flat": 1.0}
-    print(f"\nsize {size}: {SIZES[size][0]} rows x {FEATURES} features, {SIZES[size][1]} TPE trials, medians of {repeats}")
+    targets = {"prefix": 1.5, "flat": 1.0, "pruned": 1.0}
+    print(f"\nsize {size}: {SIZES[size][0]} rows x {FEATURES} features, {SIZES[size][1]} TPE trials, medians of {repeats}"
+          + (f"; pruned: load_digits, {PRUNED_SIZES[size][0]} epochs, {PRUNED_SIZES[size][1]} trials"
+             if "pruned" in workloads else ""))
     print(f"{'workload':8s} {'method':11s} {'wall s':>8s} {'process s':>9s} {'best':>7s} {'spread':>13s} {'prefix fits':>11s}")
     for w in workloads:
         s: dict = {}
@@ -286,6 +382,9 @@ def main() -> None:
                          "process_median": statistics.median(x["process"] for x in rs),
                          "best_median": statistics.median(best), "best_min": min(best), "best_max": max(best),
                          "prefix_fits_median": statistics.median(x["prefix_fits"] for x in rs), "runs": rs}
+            if w == "pruned":
+                s[method]["pruned_median"] = statistics.median(x["pruned"] for x in rs)
+                s[method]["epochs_reported_median"] = statistics.median(x["epochs_reported"] for x in rs)
             print(f"{w:8s} {method:11s} {s[method]['wall_median']:8.2f} {s[method]['process_median']:9.2f} "
                   f"{s[method]['best_median']:7.4f} {best and min(best):6.4f}-{max(best):6.4f} "
                   f"{s[method]['prefix_fits_median']:11.0f}")
@@ -299,7 +398,8 @@ def main() -> None:
             s["speedup_wall_vs_optuna_dask"] = s["optuna-dask"]["wall_median"] / s["quiver"]["wall_median"]
             s["speedup_process_vs_optuna_dask"] = s["optuna-dask"]["process_median"] / s["quiver"]["process_median"]
         s["target"] = {"speedup_at_least": goal, "met": met}
-        s["executed_equals_unique"] = all(x["executed_tasks"] == x["unique_tasks"] for x in q)
+        # a step the pruner stopped ends unfinished (not counted executed): executed + stopped = unique
+        s["executed_equals_unique"] = all(x["executed_tasks"] + x.get("stopped_steps", 0) == x["unique_tasks"] for x in q)
         s["prefix_fits_saved_median"] = statistics.median(x["prefix_fits_saved"] for x in q)
         lo, hi = s["optuna"]["best_min"], s["optuna"]["best_max"]
         s["best_within_optuna_spread"] = lo - 1e-12 <= s["quiver"]["best_median"] <= hi + 1e-12
@@ -308,11 +408,16 @@ def main() -> None:
               f"with process start {s['speedup_process']:.2f}x; executed = unique: {s['executed_equals_unique']}; "
               f"prefix fits saved (median): {s['prefix_fits_saved_median']:.0f}; Quiver's best within Optuna's "
               f"spread: {s['best_within_optuna_spread']}")
+        if w == "pruned":
+            print(f"  pruned: trials pruned (median) Quiver {s['quiver']['pruned_median']:.0f}, Optuna "
+                  f"{s['optuna']['pruned_median']:.0f}; epochs reported Quiver {s['quiver']['epochs_reported_median']:.0f}, "
+                  f"Optuna {s['optuna']['epochs_reported_median']:.0f}")
         if "optuna-dask" in s:
             print(f"  {w}: against Optuna on the same Dask cluster (DaskStorage): "
                   f"{s['speedup_wall_vs_optuna_dask']:.2f}x (search wall), {s['speedup_process_vs_optuna_dask']:.2f}x "
                   "(process)")
     out = {"size": size, "rows": SIZES[size][0], "features": FEATURES, "n_trials": SIZES[size][1], "repeats": repeats,
+           "pruned_epochs_trials": PRUNED_SIZES[size], "pruner": "MedianPruner(n_startup_trials=5, n_warmup_steps=2)",
            "sampler": "TPESampler(seed=0)", "methods": methods, "cores": os.cpu_count(), "load_average_before": load_before,
            "load_average_after": os.getloadavg(), "python": platform.python_version(), "workloads": summary}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -191,7 +191,9 @@ class SearchSpec:
     ``graph.compiling.trials``) or ``"plain"`` (a parameter's own name, which must then be
     unique: a drop-in whose study uses the names its user gave, ``pipelines.sklearn.OptunaSearchCV``).
     ``user_attrs``: each trial's last step's scalar entries become the trial's user attributes
-    (set before it is told, so they are in any storage with it)."""
+    (set before it is told, so they are in any storage with it). ``pruner``: an Optuna pruner for
+    the study the search creates (``None``: none; a given ``study`` brings its own), which judges
+    an iterative last step's reports (``graph.state.proposals``)."""
 
     input: "Spec"
     metric: Union[str, Callable[[Any], Any]]
@@ -203,6 +205,7 @@ class SearchSpec:
     study: Any = None
     param_names: str = "qualified"
     user_attrs: bool = False
+    pruner: Any = None
 
 
 Spec = Union[SourceSpec, StepSpec, ExploreSpec, CombineSpec, ChooseSpec, SearchSpec]

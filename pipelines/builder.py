@@ -287,6 +287,7 @@ class Node:
         sampler: Any = None,
         study: Any = None,
         in_flight: int | None = None,
+        pruner: Any = None,
     ) -> "Node":
         """An adaptive search over the branches flowing in (issue 47; docs/guide/adaptive.md):
         a sampler proposes ``n_trials`` branches, each explore's alternative (a categorical
@@ -295,7 +296,9 @@ class Node:
         branch is a trial told ``metric`` (``mode="max"``/``"min"``). ``sampler``: any Optuna
         sampler (default: Optuna's, TPE); or ``study``: an ``optuna.Study`` (any storage) whose
         sampler, direction and earlier trials the search continues. Shared prefixes of the
-        proposals run once. ``.run()`` returns a :class:`pipelines.SearchResult`.
+        proposals run once. ``.run()`` returns a :class:`pipelines.SearchResult`. ``pruner``: an
+        Optuna pruner (``optuna.pruners.MedianPruner()``) that judges each report of a generator
+        last step and stops the trials it prunes mid-training (with ``study=``, the study's own).
 
         >>> from optuna.distributions import FloatDistribution
         >>> from pipelines import Pipeline, space
@@ -307,9 +310,9 @@ class Node:
 
         label = metric if isinstance(metric, str) else fn_name(metric) if callable(metric) else repr(metric)
         where = f"{describe(self.spec)} -> search({label!r})"
-        check_search(where, self.spec, metric, mode, n_trials, sampler, study, in_flight)
+        check_search(where, self.spec, metric, mode, n_trials, sampler, study, in_flight, pruner)
         return Node(SearchSpec(self.spec, metric, label, mode, int(n_trials),
-                               None if in_flight is None else int(in_flight), sampler, study))
+                               None if in_flight is None else int(in_flight), sampler, study, pruner=pruner))
 
     def size_hint(self, nbytes: Any) -> "Node":
         """Say how big this node's step output is (per branch), for the memory plan.

@@ -70,7 +70,7 @@ def _optuna(where: str, what: str) -> Any:
 
 
 def check_search(where: str, spec: Spec, metric: Any, mode: Any, n_trials: Any, sampler: Any, study: Any,
-                 in_flight: Any) -> None:
+                 in_flight: Any, pruner: Any = None) -> None:
     """Refuse a search that cannot run, before anything runs."""
     refuse_after_search(where, spec)
     if not isinstance(metric, str) and not callable(metric):
@@ -98,6 +98,16 @@ def check_search(where: str, spec: Spec, metric: Any, mode: Any, n_trials: Any, 
         raise PipelineError(
             f"{where}: sampler must be an Optuna sampler (optuna.samplers.TPESampler(seed=0), "
             f"RandomSampler, CmaEsSampler, GPSampler, GridSampler...), got {type(sampler).__name__}."
+        )
+    if pruner is not None and study is not None:
+        raise PipelineError(
+            f"{where}: give a pruner or a study, not both: the study's own pruner judges the reports "
+            "(optuna.create_study(pruner=..., ...) and pass study=)."
+        )
+    if pruner is not None and not isinstance(pruner, optuna.pruners.BasePruner):
+        raise PipelineError(
+            f"{where}: pruner must be an Optuna pruner (optuna.pruners.MedianPruner(), "
+            f"SuccessiveHalvingPruner, HyperbandPruner...), got {type(pruner).__name__}."
         )
     if study is not None:
         if not isinstance(study, optuna.Study):

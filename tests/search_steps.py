@@ -65,11 +65,25 @@ def deep(v, depth, log=None):
 
 
 def epochs(v, lr, log=None):
-    """An iterative (generator) step as a search's last step: its reports are not read yet, its
-    return value is the trial's."""
+    """An iterative (generator) step as a search's last step: without a pruner its reports prune
+    nothing, its return value is the trial's."""
     record(log, f"epochs({lr!r})")
     acc = 0.0
     for _ in range(3):
         acc += lr
         yield {"score": acc}
     return {"score": acc}
+
+
+def curve(v, rate, n=8, log=None, seconds=0.3):
+    """An iterative step training ``n`` "epochs": its score climbs towards ``rate``, so a low rate
+    is behind from its first report. Records each epoch executed (``curve(rate)@epoch``)."""
+    import time
+
+    score = 0.0
+    for epoch in range(1, n + 1):
+        record(log, f"curve({rate!r})@{epoch}")
+        time.sleep(seconds)
+        score = rate * (1 - 0.5 ** epoch)
+        yield {"score": score, "epoch": epoch}
+    return {"score": score, "epoch": n}

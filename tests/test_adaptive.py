@@ -117,6 +117,10 @@ def test_bad_searches_are_refused_while_building_with_the_fix():
             "score", sampler=optuna.samplers.RandomSampler(), study=optuna.create_study()), "not both"),
         (lambda: src.explore("m", space(s.fit, a=F)).search("score", mode="max", study=optuna.create_study()),
          "direction"),
+        (lambda: src.explore("m", space(s.fit, a=F)).search("score", pruner="median"), "Optuna pruner"),
+        (lambda: src.explore("m", space(s.fit, a=F)).search(
+            "score", pruner=optuna.pruners.MedianPruner(), study=optuna.create_study(direction="maximize")),
+         "a pruner or a study, not both"),
         (lambda: src.explore("m", space(s.fit, a=F)).search("score").then(s.double), "end of its pipeline"),
         (lambda: src.explore("p", s.double, s.negate).choose("x").explore("m", space(s.fit, a=F)).search("score"),
          "choose"),
@@ -260,3 +264,39 @@ def test_a_generator_step_can_end_a_search_and_its_return_value_is_told(client):
     t = result.table
     assert set(t["state"]) == {"COMPLETE"}
     assert all(abs(v - 3 * lr) < 1e-9 for v, lr in zip(t["value"], t["train.lr"]))
+
+
+def test_a_pruner_stops_a_generator_steps_trials_mid_training(client, log_dir):
+    epochs = 8
+    node = Pipeline("pruned-curves").source(s.load).explore(
+        "train", space(s.curve, rate=FloatDistribution(0.0, 1.0), n=epochs, log=log_dir, seconds=0.2)).search(
+        "score", n_trials=8, sampler=optuna.samplers.RandomSampler(seed=0),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
+    result = node.run(client, progress=False, quiet=True)
+    t = result.table
+    ran = collections.Counter(executions(log_dir))
+    assert len(t) == 8 and set(t["state"]) <= {"COMPLETE", "PRUNED"}
+    pruned, complete = t[t["state"] == "PRUNED"], t[t["state"] == "COMPLETE"]
+    assert len(pruned) >= 1 and len(complete) >= 2  # the 2 startup trials are never pruned
+
+    def executed(rate):
+        return sum(1 for k in ran if k.startswith(f"curve({rate!r})@"))
+
+    for _, row in complete.iterrows():
+        assert executed(row["train.rate"]) == epochs
+        assert row["value"] == pytest.approx(row["train.rate"] * (1 - 0.5 ** epochs))
+    for _, row in pruned.iterrows():
+        done = executed(row["train.rate"])
+        assert 2 <= done < epochs  # stopped mid-training, after the warm-up step (step 0: the first report)
+        reported = [row["train.rate"] * (1 - 0.5 ** e) for e in range(2, done + 1)]
+        assert any(row["value"] == pytest.approx(v) for v in reported)  # its last reported value is kept
+    assert all(n == 1 for n in ran.values())  # no epoch ran twice
+    frozen = {tr.number: tr for tr in result.study.trials}
+    assert {n: tr.state.name for n, tr in frozen.items()} == dict(zip(t["trial"], t["state"]))
+    for _, row in pruned.iterrows():
+        tr = frozen[row["trial"]]
+        assert tr.value == pytest.approx(row["value"])
+        assert tr.intermediate_values[max(tr.intermediate_values)] == pytest.approx(row["value"])
+    st = result.stats
+    assert st["trials"] == 8 and st["pruned"] == len(pruned) == st["stopped_steps"]
+    assert st["executed_tasks"] + st["stopped_steps"] == st["unique_tasks"]  # a stopped step ends unfinished

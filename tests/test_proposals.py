@@ -10,17 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graph.state.events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
+from graph.state.events import Abort, Cancel, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 from graph.state.proposals import (
     COMPLETE,
     FAIL,
     PRUNED,
     Ask,
+    Judge,
     ProposalRule,
     Proposed,
+    Reported,
     Run,
     SearchStart,
     Tell,
+    Verdict,
 )
 
 
@@ -284,6 +287,137 @@ def test_random_orders_of_sent_metrics_tell_each_trial_once_and_submit_each_key_
             name = reads.pop(rng.randrange(len(reads)))
             out = rule.handle(MetricRead(name, rng.random()))
         pending_asks += _follow(out, running, submitted, reads, told)
+        assert len(rule.open) + rule.asking <= in_flight
+    assert rule.finished
+    assert sorted(told) == list(range(n_trials))
+    assert len(submitted) == len(set(submitted))
+
+
+# ---- a study's pruner stops a generator step mid-training --------------------------------------------
+def _one_running(n_trials=1, in_flight=1):
+    rule = ProposalRule(n_trials=n_trials, in_flight=in_flight)
+    rule.handle(SearchStart())
+    rule.handle(Proposed(0, ("load", "fit-a"), "m@a"))
+    return rule
+
+
+def test_each_report_of_a_last_step_is_judged_once_per_step():
+    rule = _one_running()
+    assert rule.handle(Reported("fit-a", 1, 0.3)) == [Judge(0, 1, 0.3)]
+    assert rule.handle(Verdict(0, 1, prune=False)) == []
+    assert rule.handle(Reported("fit-a", 1, 0.3)) == []  # judged at step 1 already
+    assert rule.handle(Reported("load", 1, 0.3)) == []  # a prefix step's reports are not the trial's
+    assert rule.handle(Reported("fit-x", 1, 0.3)) == []  # not this search's
+    assert rule.handle(Reported("fit-a", 2, 0.5)) == [Judge(0, 2, 0.5)]
+
+
+def test_a_prune_verdict_tells_pruned_with_the_last_value_and_stops_the_step_and_its_read():
+    rule = _one_running(n_trials=2)
+    rule.handle(Reported("fit-a", 1, 0.3), Reported("fit-a", 2, 0.25))
+    out = rule.handle(Verdict(0, 2, prune=True))
+    assert out[:2] == [Tell(0, PRUNED, 0.25, "TrialPruned: the study's pruner stopped it at step 2"),
+                       Cancel(("fit-a", "m@a"))]
+    assert asks(out) == 1 and rule.stopped == 1  # its slot frees at once
+    assert rule.trials[0].value == 0.25 and rule.best is None  # a pruned trial is never the best
+    # the stopped step's own end (cancelled, or finished while the stop travelled) changes nothing
+    assert rule.handle(TaskFailed("fit-a", "CancelledError: x"), TaskFinished("m@a")) == []
+    assert rule.handle(Reported("fit-a", 3, 0.2)) == []  # a report still in flight: no open trial
+    # the same configuration again is pruned at once, nothing submitted
+    out = rule.handle(Proposed(1, ("load", "fit-a"), "m@a"))
+    assert tells(out) == [Tell(1, PRUNED, None, "TrialPruned: the study's pruner stopped it at step 2")]
+    assert not any(isinstance(i, Run) for i in out) and rule.finished
+
+
+def test_a_verdict_after_the_trial_was_told_or_a_continue_changes_nothing():
+    rule = _one_running()
+    rule.handle(Reported("fit-a", 1, 0.3))
+    rule.handle(TaskFailed("fit-a", "ValueError: boom"))
+    assert rule.trials[0].state == FAIL
+    assert rule.handle(Verdict(0, 1, prune=True)) == []
+
+
+def test_a_step_shared_by_two_open_trials_stops_only_when_both_are_pruned():
+    rule = ProposalRule(n_trials=2, in_flight=2)
+    rule.handle(SearchStart())
+    rule.handle(Proposed(0, ("load", "fit-a"), "m@a"))
+    rule.handle(Proposed(1, ("load", "fit-a"), "m@a"))  # the same configuration, in flight: shared
+    assert rule.handle(Reported("fit-a", 1, 0.3)) == [Judge(0, 1, 0.3), Judge(1, 1, 0.3)]
+    out = rule.handle(Verdict(0, 1, prune=True))
+    assert tells(out) == [Tell(0, PRUNED, 0.3, "TrialPruned: the study's pruner stopped it at step 1")]
+    assert not any(isinstance(i, Cancel) for i in out)  # trial 1 still trains on it
+    assert rule.handle(Reported("fit-a", 2, 0.4)) == [Judge(1, 2, 0.4)]
+    out = rule.handle(Verdict(1, 2, prune=True))
+    assert Cancel(("fit-a", "m@a")) in out and rule.finished
+
+
+def test_a_trial_not_pruned_completes_with_its_read_metric():
+    rule = _one_running()
+    rule.handle(Reported("fit-a", 1, 0.3), Verdict(0, 1, prune=False))
+    out = rule.handle(TaskFinished("load"), TaskFinished("fit-a"), TaskFinished("m@a"))
+    assert out == [Gather(("m@a",))]
+    out = rule.handle(MetricRead("m@a", 0.9))
+    assert tells(out) == [Tell(0, COMPLETE, 0.9, None)] and rule.stopped == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), prune_rate=st.sampled_from([0.0, 0.3, 0.8]), in_flight=st.integers(1, 4))
+def test_random_reports_and_verdicts_tell_each_trial_once_and_stop_only_steps_no_open_trial_needs(
+        seed, prune_rate, in_flight):
+    """Generator last steps report in random order among the outcomes, each report judged at
+    once with a random verdict; a stopped step's own end comes later (cancelled) or not at all."""
+    rng = random.Random(seed)
+    n_trials = 10
+    rule = ProposalRule(n_trials=n_trials, in_flight=in_flight)
+    pending_asks = asks(rule.handle(SearchStart()))
+    running: list[str] = []
+    reads: list[str] = []
+    told: list[int] = []
+    submitted: list[str] = []
+    stopped: list[str] = []  # cancelled keys whose (cancelled) outcome is still to come
+    steps: dict[str, int] = {}  # a running last step's reports made
+    last_reported: dict[int, float] = {}
+    trial = 0
+    for _ in range(10_000):
+        if rule.finished:
+            break
+        leaves = [k for k in running if k.startswith("fit-")]
+        choices = (["propose"] if pending_asks else []) + (["outcome"] if running else []) + \
+            (["read"] if reads else []) + (["report"] if leaves else []) + (["stopped"] if stopped else [])
+        assert choices, "the search is stuck"
+        what = rng.choice(choices)
+        if what == "propose":
+            pending_asks -= 1
+            leaf = f"fit-{rng.randrange(3)}"
+            out = rule.handle(Proposed(trial, ("load", leaf), f"m@{leaf}"))
+            trial += 1
+        elif what == "outcome":
+            out = rule.handle(TaskFinished(running.pop(rng.randrange(len(running)))))
+        elif what == "read":
+            out = rule.handle(MetricRead(reads.pop(rng.randrange(len(reads))), rng.random()))
+        elif what == "stopped":
+            out = rule.handle(TaskFailed(stopped.pop(rng.randrange(len(stopped))), "CancelledError: stopped"))
+        else:
+            leaf = rng.choice(leaves)
+            steps[leaf] = steps.get(leaf, -1) + 1
+            out = rule.handle(Reported(leaf, steps[leaf], rng.random()))
+        todo = list(out)
+        while todo:
+            ins = todo.pop(0)
+            if isinstance(ins, Judge):
+                last_reported[ins.trial] = ins.value
+                todo.extend(rule.handle(Verdict(ins.trial, ins.step, rng.random() < prune_rate)))
+            elif isinstance(ins, Cancel):
+                for k in ins.names:
+                    assert not any(k in (*r.tasks, r.metric) for r in rule.trials.values() if r.state is None)
+                    running.remove(k)
+                    if rng.random() < 0.7:
+                        stopped.append(k)
+            elif isinstance(ins, Tell) and ins.state == PRUNED:
+                assert ins.value == last_reported.get(ins.trial)
+                pending_asks += _follow([ins], running, submitted, reads, told)
+            else:
+                pending_asks += _follow([ins], running, submitted, reads, told)
+        assert rule.asked <= n_trials
         assert len(rule.open) + rule.asking <= in_flight
     assert rule.finished
     assert sorted(told) == list(range(n_trials))

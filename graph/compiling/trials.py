@@ -127,6 +127,16 @@ class SearchSpace:
         if plain:
             self._refuse_shared_names()
 
+    @property
+    def iterative(self) -> bool:
+        """Whether a trial's last step may be iterative (a generator step, whose reports the
+        study's pruner judges: ``graph.state.proposals``)."""
+        from ..tasks.iterative import is_iterative
+
+        last = self.line[-1] if self.line else self.source
+        fns = [a.call.fn for a in last.alternatives] if isinstance(last, ExploreSpec) else [last.call.fn]
+        return any(is_iterative(f) for f in fns)
+
     @staticmethod
     def _plain(search: SearchSpec) -> bool:
         names = getattr(search, "param_names", "qualified")

@@ -8,7 +8,12 @@ a :class:`~graph.state.proposals.Run` submits only the keys the rule found new, 
 client, while the other trials' tasks run (a task reading a result still being computed by
 another trial waits for it, as any Dask task does); futures' outcomes come back as events; a
 :class:`~graph.state.proposals.Tell` becomes ``study.tell``. Nothing waits for a round of
-proposals: a trial told frees its slot for the next ask at once.
+proposals: a trial told frees its slot for the next ask at once. An iterative (generator) last
+step's reports come in on the run's report channel (``graph.tasks.iterative.ReportChannel``, as
+in any run) and become :class:`~graph.state.proposals.Reported` events; a
+:class:`~graph.state.proposals.Judge` becomes ``trial.report`` and ``trial.should_prune`` (the
+study's pruner); a pruned trial's step is stopped by cancelling it, the stop every run uses (the
+step closes its generator at its next report, ``graph.tasks.iterative``).
 
 >>> from pipelines import Pipeline, space                                        # doctest: +SKIP
 >>> from optuna.distributions import FloatDistribution                           # doctest: +SKIP
@@ -40,8 +45,33 @@ from ..errors import PipelineError, RunError
 from ..keys import identities_remembered
 from ..parcels import opened, set_client_process
 from ..spec import SearchSpec
-from ..state.events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
-from ..state.proposals import COMPLETE, FAIL, PRUNED, Ask, ProposalRule, Proposed, Run, SearchStart, Tell
+from ..state.events import (
+    Abort,
+    Cancel,
+    Finished,
+    Gather,
+    MetricRead,
+    MetricSent,
+    Release,
+    Report,
+    TaskFailed,
+    TaskFinished,
+)
+from ..state.metric import extract_metric
+from ..state.proposals import (
+    COMPLETE,
+    FAIL,
+    PRUNED,
+    Ask,
+    Judge,
+    ProposalRule,
+    Proposed,
+    Reported,
+    Run,
+    SearchStart,
+    Tell,
+    Verdict,
+)
 from .options import RunOptions, check_options
 
 __all__ = ["SearchRecord", "run_search", "ExecutedCounter"]
@@ -87,7 +117,9 @@ def _study(search: SearchSpec) -> Any:
         raise PipelineError("a search needs Optuna: pip install 'quiver[optuna]'") from None
     if search.study is not None:
         return search.study
-    return optuna.create_study(direction="maximize" if search.mode == "max" else "minimize", sampler=search.sampler)
+    pruner = getattr(search, "pruner", None)  # None: no pruner (Optuna's default would be a MedianPruner)
+    return optuna.create_study(direction="maximize" if search.mode == "max" else "minimize", sampler=search.sampler,
+                               pruner=optuna.pruners.NopPruner() if pruner is None else pruner)
 
 
 class _Search:
@@ -107,6 +139,7 @@ class _Search:
         self.last: dict = {}  # the last proposal's tasks (a Run names some of them)
         self.reads: dict = {}  # metric key -> its read task (submitted if a fused step's message never comes)
         self.listener: Any = None
+        self.channel: Any = None  # graph.tasks.iterative.ReportChannel: iterative steps' reports
         self.outcomes = 0  # outcomes and metrics taken: the watchdog's progress (an int, read by its thread)
         self.stopped: str | None = None  # why the watchdog stopped the search
         self.step_keys: set[str] = set()
@@ -143,6 +176,13 @@ class _Search:
                 events.put(MetricSent(mk, step, metric, scalars or {}, error, trace or ""))
 
         self.listener = MetricListener(self.client, on_message)
+        if self.space.iterative:
+            from ..tasks.iterative import ReportChannel
+
+            def on_report(key: str, iteration: int, report: dict) -> None:  # on the client's event loop
+                events.put(Report(key, iteration, report))
+
+            self.channel = ReportChannel(self.client, on_report)
 
     def stop(self, reason: str) -> None:
         """From another thread (the watchdog): end the search with ``reason`` at its next step."""
@@ -153,6 +193,9 @@ class _Search:
         self.outcomes += 1
         if isinstance(fut, Abort):
             return fut
+        if isinstance(fut, Report):
+            # Optuna's step counts from 0 (``for step in range(n): trial.report(v, step)``), a report's iteration from 1
+            return Reported(fut.name, fut.iteration - 1, self.report_metric(fut.values))
         if isinstance(fut, MetricSent):
             if fut.error is None:
                 self.scalars.setdefault(fut.name, dict(fut.scalars))
@@ -161,6 +204,8 @@ class _Search:
             return fut
         if fut.status == "finished":
             return TaskFinished(fut.key)
+        if fut.status == "cancelled":  # stopped by the search (a pruned trial's step)
+            return TaskFailed(fut.key, "CancelledError: stopped by the search")
         try:
             exc = fut.exception(timeout=5)
             error = f"{type(exc).__name__}: {exc}"
@@ -169,9 +214,36 @@ class _Search:
             error = f"{type(exc).__name__}: cannot read the task's error ({exc})"
         return TaskFailed(fut.key, error)
 
+    def report_metric(self, values: dict) -> float:
+        """The search metric of one report (NaN when it lacks it)."""
+        try:
+            return float(extract_metric(values, self.search.metric, f"search({self.search.metric_name!r})")[0])
+        except Exception:  # a report without the metric: NaN, as the pruner sees a diverged value
+            return float("nan")
+
+    def judge(self, ins: Judge) -> Verdict:
+        """Report to the trial and ask the study's pruner; a pruner that raises prunes nothing."""
+        trial = self.trials.get(ins.trial)
+        if trial is None:
+            return Verdict(ins.trial, ins.step, False)
+        try:
+            trial.report(ins.value, ins.step)
+            return Verdict(ins.trial, ins.step, bool(trial.should_prune()))
+        except Exception as exc:  # recorded on the trial: the trial goes on unjudged
+            with contextlib.suppress(Exception):
+                trial.set_user_attr("quiver_pruner_error", f"{type(exc).__name__}: {exc}"[:2000])
+            return Verdict(ins.trial, ins.step, False)
+
     def apply(self, ins: Any) -> list:
         if isinstance(ins, Ask) and self.stopped is None:
             return [self.ask()]
+        if isinstance(ins, Judge):
+            return [self.judge(ins)]
+        if isinstance(ins, Cancel):
+            futs = [self.futures.pop(n) for n in ins.names if n in self.futures]
+            if futs:
+                self.client.cancel(futs)
+            return []
         if isinstance(ins, Run):
             self.submit(ins)
         elif isinstance(ins, Gather):
@@ -292,6 +364,9 @@ class _Search:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+        if self.channel is not None:
+            self.channel.close(CLEANUP_SECONDS)
+            self.channel = None
         futs, self.futures = list(self.futures.values()), {}
         with contextlib.suppress(Exception):
             self.client.cancel([f for f in futs if not f.done()])
@@ -395,6 +470,7 @@ def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None =
         # prefix steps (every step but a trial's last, the source included) its trials needed, less those that ran
         "prefix_tasks_saved": prefix_naive - sum(len(s) for s in by_depth.values()),
         "reused_keys": rule.reused,
+        "stopped_steps": rule.stopped,  # last steps the study's pruner stopped mid-training
         "wall_seconds": wall,
         "cluster_seconds": cluster_seconds,
         "cluster": info.get("cluster"),

@@ -22,7 +22,14 @@ The rules, each written once here:
   taken from its :class:`graph.state.events.MetricSent`, the first one counting; the read task is
   submitted only when the step finishes without it;
 * results a later proposal may share (every step but the last) are held for the search; the last
-  step's result is let go once its metric is read, except the best trial's (the search's value).
+  step's result is let go once its metric is read, except the best trial's (the search's value);
+* an iterative (generator) last step's reports (:class:`Reported`: its metric at each step) are
+  judged for every open trial ending at it (:class:`Judge`: the driver reports the value to the
+  trial and asks the study's pruner, answering :class:`Verdict`); a trial whose verdict is prune is
+  told ``PRUNED`` with the value it reported last, and its step (with its metric read) is stopped
+  (:class:`graph.state.events.Cancel`: the step closes its generator at its next report, as a
+  pruned branch of a run does) once no open trial ends at it; a later proposal through that step
+  is told ``PRUNED`` at once.
 
 >>> rule = ProposalRule(n_trials=2, in_flight=1)
 >>> rule.handle(SearchStart())
@@ -35,6 +42,18 @@ The rules, each written once here:
 [Tell(trial=0, state='COMPLETE', value=0.9, error=None), Release(names=('m-3',)), Ask()]
 >>> rule.handle(Proposed(1, ("load-1", "fit-2"), "m-3"))   # the same configuration: no work
 [Tell(trial=1, state='COMPLETE', value=0.9, error=None), Finished()]
+
+A generator step's report is judged by the study's pruner (the driver asks it); prune stops it:
+
+>>> rule = ProposalRule(n_trials=1, in_flight=1)
+>>> rule.handle(SearchStart())
+[Ask()]
+>>> rule.handle(Proposed(0, ("load-1", "fit-2"), "m-3"))
+[Run(names=('load-1', 'fit-2', 'm-3'), priority=0)]
+>>> rule.handle(Reported("fit-2", 1, 0.4))
+[Judge(trial=0, step=1, value=0.4)]
+>>> rule.handle(Verdict(0, 1, prune=True))
+[Tell(trial=0, state='PRUNED', value=0.4, error="TrialPruned: the study's pruner stopped it at step 1"), Cancel(names=('fit-2', 'm-3')), Finished()]
 """
 
 from __future__ import annotations
@@ -43,19 +62,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import Abort, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
+from .events import Abort, Cancel, Finished, Gather, MetricRead, MetricSent, Release, TaskFailed, TaskFinished
 
 __all__ = [
     "COMPLETE",
     "FAIL",
     "PRUNED",
     "Ask",
+    "Judge",
     "Proposed",
     "ProposalRule",
+    "Reported",
     "Run",
     "SearchStart",
     "Tell",
     "TrialRecord",
+    "Verdict",
     "pruned_error",
 ]
 
@@ -84,6 +106,27 @@ class Proposed:
     fused: bool = False
 
 
+@dataclass(frozen=True)
+class Reported:
+    """An iterative step ``name`` made its report number ``step`` (counted from 0: the step Optuna
+    is told, as in ``for step in range(n): trial.report(v, step)``), whose search metric is
+    ``value`` (NaN when the report lacks it): the run's report channel
+    (``graph.tasks.iterative.ReportChannel``) delivers each report once."""
+
+    name: str
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to a :class:`Judge`: whether the study's pruner prunes ``trial`` at ``step``."""
+
+    trial: int
+    step: int
+    prune: bool
+
+
 # ---- instructions (rule -> driver) ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Ask:
@@ -96,6 +139,16 @@ class Run:
 
     names: tuple[str, ...]
     priority: int
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Report ``value`` at ``step`` to trial ``trial`` (``trial.report``), ask the study's pruner
+    (``trial.should_prune``) and answer with :class:`Verdict`."""
+
+    trial: int
+    step: int
+    value: float
 
 
 @dataclass(frozen=True)
@@ -121,6 +174,9 @@ class TrialRecord:
     error: str | None = None
     #: the proposal this trial was, from 0 (the order the sampler gave them)
     order: int = 0
+    #: the last step (Optuna's, from 0) and value its last step reported, judged for this trial
+    step: int | None = None
+    reported: float | None = None
 
 
 def pruned_error(error: str | None) -> bool:
@@ -153,6 +209,7 @@ class ProposalRule:
     last_of: dict[str, int] = field(default_factory=dict)  # a last step's key -> the first trial ending at it
     submitted: int = 0  # keys submitted (the unique work of the search)
     reused: int = 0  # keys of proposals that were already done or in flight (shared, not rerun)
+    stopped: int = 0  # last steps stopped mid-training by the study's pruner
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -190,6 +247,10 @@ class ProposalRule:
                 self._read(ev.name, ev.metric, out)
             elif isinstance(ev, MetricSent):
                 self._sent(ev, out)
+            elif isinstance(ev, Reported):
+                self._reported(ev, out)
+            elif isinstance(ev, Verdict):
+                self._verdict(ev, out)
             elif isinstance(ev, Abort):
                 for t in self.open:
                     self._tell(t, FAIL, None, f"the search stopped: {ev.reason}", out)
@@ -282,6 +343,35 @@ class ProposalRule:
         was = self.status.get(name)  # "running": the read task went in after all; let it go
         self.status[name] = "done"
         self._read(name, ev.metric, out, release=was == "running")
+
+    def _reported(self, ev: Reported, out: list) -> None:
+        """Judge each open trial ending at the step, once per step (in proposal order)."""
+        for t in sorted(self.users.get(ev.name, ()), key=lambda t: self.trials[t].order):
+            rec = self.trials[t]
+            if rec.state is not None or not rec.tasks or rec.tasks[-1] != ev.name:
+                continue
+            if rec.step is not None and ev.step <= rec.step:
+                continue  # judged at this step already
+            rec.step, rec.reported = ev.step, float(ev.value)
+            out.append(Judge(t, ev.step, float(ev.value)))
+
+    def _verdict(self, ev: Verdict, out: list) -> None:
+        """Prune: tell the trial PRUNED with its last reported value; stop its step (and its
+        metric read) unless another open trial still ends at it."""
+        rec = self.trials.get(ev.trial)
+        if rec is None or rec.state is not None or not ev.prune:
+            return
+        error = f"TrialPruned: the study's pruner stopped it at step {ev.step}"
+        self._tell(ev.trial, PRUNED, rec.reported, error, out)
+        stop = tuple(k for k in (rec.tasks[-1], rec.metric)
+                     if self.status.get(k) == "running" and not self.users.get(k))
+        if rec.tasks[-1] not in stop:
+            return
+        for k in stop:
+            self.status[k] = "failed"  # a later proposal through it is told PRUNED at once
+            self.errors[k] = error
+        self.stopped += 1
+        out.append(Cancel(stop))
 
     def _failed(self, name: str, error: str, out: list) -> None:
         if self.status.get(name) != "running":

@@ -316,8 +316,9 @@ def _share_common(client: Any, space: SearchSpace, n_trials: int) -> tuple[str |
     start on the workers that are free (``graph.run.spread``). Without them, Dask places each
     trial only on a worker holding that input (``decide_worker`` looks at no other), so the
     first trials queued on the one worker that loaded the data while the others waited for work
-    stealing: on issue 47's benchmark (c) the second worker's first fit started 1.3-1.8 s into a
-    search whose fits take 0.2-0.5 s each. Returns the two plugins' names (``None``: not installed)."""
+    stealing: on issue 47's benchmark (c) the second worker's first fit started 1.8-2.2 s into a
+    search whose fits take 0.3-1.5 s each (two runs, load 12-19); with them, 0.17 s after the
+    source ended. Returns the two plugins' names (``None``: not installed)."""
     from . import sharedcopies, spread
 
     if n_trials < 2:

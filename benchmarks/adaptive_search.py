@@ -36,9 +36,12 @@ Methods, on the same 2 cores (one BLAS thread per process):
 Each (method, workload) runs in a fresh process, ``--repeats`` times (median reported), methods
 interleaved. ``wall``: the search itself (Quiver: from the first ask to the last tell; its
 cluster's start is reported apart as ``cluster_seconds``); ``process``: the child process's
-whole life. "Prefix fits": the feature extractor fits each method ran (Optuna: one per trial;
-Quiver: one per distinct extractor proposed); "saved" is the difference. ``optuna-dask``'s
-``wall``: from the first submit to the last task's end (its cluster's start apart, as Quiver's).
+whole life; ``cpu``: CPU-seconds of the child and every process it started (the work done, which
+the load of a shared machine does not change as it changes the wall). Optuna's wall leaves out
+making the data (``load_seconds``, recorded); Quiver's includes its source step. "Prefix fits": the
+feature extractor fits each method ran (Optuna: one per trial; Quiver: one per distinct extractor
+proposed); "saved" is the difference. ``optuna-dask``'s ``wall``: from the first submit to the last
+task's end (its cluster's start apart, as Quiver's).
 Results: ``benchmarks/results/adaptive_search.json`` (with the load average: the machine may be shared).
 """
 
@@ -217,6 +220,8 @@ def run_quiver(workload: str, n_rows: int, n_trials: int) -> dict:
         "prefix_fits_saved": st["trials"] - prefix_fits if workload == "prefix" else 0,
         "prefix_tasks_saved": st["prefix_tasks_saved"],
         "executed_tasks": st["executed_tasks"], "unique_tasks": st["unique_tasks"], "naive_tasks": st["naive_tasks"],
+        "shared_copies": sum(len(v) for v in (st.get("shared_copies") or {}).values()),
+        "spread_tasks": st.get("spread_tasks"),
     }
 
 
@@ -242,7 +247,9 @@ def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    clock = time.perf_counter()
     data = load(n_rows)  # once per process, as a careful Optuna user writes it
+    load_seconds = time.perf_counter() - clock  # outside its wall; Quiver's wall includes its source step
     fits = [0]
     objective = objective_for(workload, data, fits)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
@@ -250,7 +257,7 @@ def run_optuna(workload: str, n_rows: int, n_trials: int) -> dict:
     study.optimize(objective, n_trials=n_trials, n_jobs=2)
     wall = time.perf_counter() - clock
     states = [tr.state.name for tr in study.trials]
-    return {"wall": wall, "best_value": float(study.best_value), "trials": len(study.trials),
+    return {"wall": wall, "load_seconds": load_seconds, "best_value": float(study.best_value), "trials": len(study.trials),
             "complete": states.count("COMPLETE"), "failed": states.count("FAIL"), "prefix_fits": fits[0],
             "prefix_fits_saved": 0}
 
@@ -301,7 +308,43 @@ RUNNERS = {"quiver": run_quiver, "optuna": run_optuna, "optuna-dask": run_optuna
 PRUNED_RUNNERS = {"quiver": run_quiver_pruned, "optuna": run_optuna_pruned}
 
 
+class TreeCPU:
+    """CPU-seconds of this process and every process it started (the cluster's scheduler lives
+    here, its workers are children), sampled every ``interval`` s: a process that ended counts
+    with its last sample. On a shared machine the wall clock is set by the CPU share each method
+    gets; CPU-seconds say how much work each did."""
+
+    def __init__(self, interval: float = 0.2):
+        import threading
+
+        import psutil
+
+        self.me, self.interval, self.seen = psutil.Process(), interval, {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        for p in [self.me, *self.me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                self.seen[p.pid] = t.user + t.system
+            except Exception:  # recorded: a process that ended between listing and reading
+                continue
+
+    def _loop(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            self._sample()
+
+    def total(self) -> float:
+        self.stop_event.set()
+        self.thread.join()
+        self._sample()
+        return sum(self.seen.values())
+
+
 def one(method: str, workload: str, size: str) -> None:
+    cpu = TreeCPU()
     if workload == "pruned":
         if method not in PRUNED_RUNNERS:
             raise SystemExit(f"workload pruned compares {' and '.join(PRUNED_RUNNERS)}, not {method}")
@@ -309,6 +352,7 @@ def one(method: str, workload: str, size: str) -> None:
     else:
         n_rows, n_trials = SIZES[size]
         out = RUNNERS[method](workload, n_rows, n_trials)
+    out["cpu_seconds"] = cpu.total()  # the child's whole life: imports, the cluster's start and close included
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -338,7 +382,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="20k rows, 40 trials")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny, 1 repetition")
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--workloads", default="prefix,flat")
+    ap.add_argument("--workloads", default="prefix,flat", help="comma-separated: prefix (a), flat (c: no shared prefix), pruned (b: torch with a pruner)")
     ap.add_argument("--methods", default=None,
                     help="comma-separated, of quiver,optuna,optuna-dask (default: all; optuna-dask only with "
                          "optuna-integration installed)")
@@ -372,7 +416,7 @@ def main() -> None:
     print(f"\nsize {size}: {SIZES[size][0]} rows x {FEATURES} features, {SIZES[size][1]} TPE trials, medians of {repeats}"
           + (f"; pruned: load_digits, {PRUNED_SIZES[size][0]} epochs, {PRUNED_SIZES[size][1]} trials"
              if "pruned" in workloads else ""))
-    print(f"{'workload':8s} {'method':11s} {'wall s':>8s} {'process s':>9s} {'best':>7s} {'spread':>13s} {'prefix fits':>11s}")
+    print(f"{'workload':8s} {'method':11s} {'wall s':>8s} {'process s':>9s} {'cpu s':>6s} {'best':>7s} {'spread':>13s} {'prefix fits':>11s}")
     for w in workloads:
         s: dict = {}
         for method in methods:
@@ -380,13 +424,14 @@ def main() -> None:
             best = [x["best_value"] for x in rs]
             s[method] = {"wall_median": statistics.median(x["wall"] for x in rs),
                          "process_median": statistics.median(x["process"] for x in rs),
+                         "cpu_median": statistics.median(x["cpu_seconds"] for x in rs),
                          "best_median": statistics.median(best), "best_min": min(best), "best_max": max(best),
                          "prefix_fits_median": statistics.median(x["prefix_fits"] for x in rs), "runs": rs}
             if w == "pruned":
                 s[method]["pruned_median"] = statistics.median(x["pruned"] for x in rs)
                 s[method]["epochs_reported_median"] = statistics.median(x["epochs_reported"] for x in rs)
             print(f"{w:8s} {method:11s} {s[method]['wall_median']:8.2f} {s[method]['process_median']:9.2f} "
-                  f"{s[method]['best_median']:7.4f} {best and min(best):6.4f}-{max(best):6.4f} "
+                  f"{s[method]['cpu_median']:6.1f} {s[method]['best_median']:7.4f} {best and min(best):6.4f}-{max(best):6.4f} "
                   f"{s[method]['prefix_fits_median']:11.0f}")
         q = runs[w]["quiver"]
         speedup = s["optuna"]["wall_median"] / s["quiver"]["wall_median"]
@@ -397,6 +442,9 @@ def main() -> None:
         if "optuna-dask" in s:
             s["speedup_wall_vs_optuna_dask"] = s["optuna-dask"]["wall_median"] / s["quiver"]["wall_median"]
             s["speedup_process_vs_optuna_dask"] = s["optuna-dask"]["process_median"] / s["quiver"]["process_median"]
+        # per repeat, the pair run next to each other (the load changes between repeats)
+        s["speedup_wall_paired"] = [o["wall"] / x["wall"] for x, o in zip(q, runs[w]["optuna"])]
+        s["speedup_wall_paired_median"] = statistics.median(s["speedup_wall_paired"])
         s["target"] = {"speedup_at_least": goal, "met": met}
         # a step the pruner stopped ends unfinished (not counted executed): executed + stopped = unique
         s["executed_equals_unique"] = all(x["executed_tasks"] + x.get("stopped_steps", 0) == x["unique_tasks"] for x in q)
@@ -404,6 +452,7 @@ def main() -> None:
         lo, hi = s["optuna"]["best_min"], s["optuna"]["best_max"]
         s["best_within_optuna_spread"] = lo - 1e-12 <= s["quiver"]["best_median"] <= hi + 1e-12
         summary[w] = s
+        print(f"  {w}: per repeat (paired) {', '.join(f'{x:.2f}x' for x in s['speedup_wall_paired'])}")
         print(f"  {w}: Quiver speed-up (search wall) {speedup:.2f}x, target >= {goal}x [{'MET' if met else 'NOT MET'}]; "
               f"with process start {s['speedup_process']:.2f}x; executed = unique: {s['executed_equals_unique']}; "
               f"prefix fits saved (median): {s['prefix_fits_saved_median']:.0f}; Quiver's best within Optuna's "

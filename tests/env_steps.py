@@ -17,5 +17,8 @@ def profiler(seed: int) -> dict:
     """How often this task's worker samples its threads for Dask's profiler (ms; None: off)."""
     from gpu.worker import current_worker
 
-    pc = current_worker().periodic_callbacks.get("profile")
-    return {"profile_ms": None if pc is None else pc.callback_time, "m": float(seed)}
+    worker = current_worker()
+    pc = worker.periodic_callbacks.get("profile")
+    tick = worker.periodic_callbacks.get("tick")
+    return {"profile_ms": None if pc is None else pc.callback_time, "m": float(seed),
+            "tick_ms": None if tick is None else tick.callback_time}

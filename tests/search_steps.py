@@ -87,3 +87,13 @@ def curve(v, rate, n=8, log=None, seconds=0.3):
         score = rate * (1 - 0.5 ** epoch)
         yield {"score": score, "epoch": epoch}
     return {"score": score, "epoch": n}
+
+
+def timed(v, a, seconds=0.3):
+    """Sleeps ``seconds`` and says where and when it ran (the table shows ``pid``, ``start``, ``end``)."""
+    import os
+    import time
+
+    start = time.time()
+    time.sleep(seconds)
+    return {"score": a, "pid": os.getpid(), "start": start, "end": time.time()}

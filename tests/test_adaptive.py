@@ -1,7 +1,8 @@
 """An adaptive search on a real LocalCluster (issue 47): a sampler's proposals that repeat a
 prefix run it once (executed = unique), a failed trial does not stop the search, a pruned one is
-told PRUNED, and a study in an SQLite storage resumed by a second run continues from its trials.
-Tests assert behaviour, never elapsed time."""
+told PRUNED, a study in an SQLite storage resumed by a second run continues from its trials, and
+the input every trial reads is copied to the other worker while the first trials start side by
+side. Tests assert behaviour, never elapsed time."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # noqa: E402
 
 import graph  # noqa: E402
+from dask.config import set as graph_config  # noqa: E402
 from pipelines import Pipeline, PipelineError, space  # noqa: E402
 from tests import search_steps as s  # noqa: E402
 from tests.steps import executions  # noqa: E402
@@ -300,3 +302,33 @@ def test_a_pruner_stops_a_generator_steps_trials_mid_training(client, log_dir):
     st = result.stats
     assert st["trials"] == 8 and st["pruned"] == len(pruned) == st["stopped_steps"]
     assert st["executed_tasks"] + st["stopped_steps"] == st["unique_tasks"]  # a stopped step ends unfinished
+
+
+def test_the_keys_every_trial_reads_are_the_source_and_the_steps_before_the_first_choice():
+    from graph.compiling.trials import SearchSpace, common_keys
+
+    fixed = Pipeline("c").source(s.load).then(s.double).explore("prep", s.negate)  # one alternative: no question
+    node = fixed.explore("model", space(s.fit, a=FloatDistribution(0, 1))).search("score", n_trials=3)
+    assert [k.split("-")[0] for k in common_keys(SearchSpace(node.spec))] == ["load", "double", "negate"]
+    chosen = Pipeline("c").source(s.load).explore("prep", s.double, s.negate).explore(
+        "model", space(s.fit, a=FloatDistribution(0, 1))).search("score", n_trials=3)
+    assert [k.split("-")[0] for k in common_keys(SearchSpace(chosen.spec))] == ["load"]
+
+
+def test_the_input_every_trial_reads_is_copied_and_the_first_two_trials_start_side_by_side(client):
+    # the source is computed on one worker; Dask alone places every trial reading it there (the
+    # only holder) until work stealing moves one: the search copies it to the other worker the
+    # moment it exists and starts the second trial there
+    node = Pipeline("side").source(s.load).explore("model", space(s.timed, a=FloatDistribution(0, 1))).search(
+        "score", n_trials=4, sampler=optuna.samplers.RandomSampler(seed=0), in_flight=2)
+    result = node.run(client, progress=False, quiet=True)
+    st, t = result.stats, result.table.sort_values("trial")
+    (source,) = st["shared_copies"]
+    assert source.startswith("load-") and len(st["shared_copies"][source]) == 1  # the other worker of two
+    # (a trial submitted after the copy landed is Dask's to place: spread_tasks may be 0)
+    first, second = t.iloc[0], t.iloc[1]
+    assert first["pid"] != second["pid"] and second["start"] < first["end"]
+    assert st["executed_tasks"] == st["unique_tasks"] == 5  # copied and placed, nothing ran twice
+    with graph_config({"quiver.shared-copies": False, "quiver.spread-ready": False}):
+        off = node.run(client, progress=False, quiet=True).stats
+    assert off["shared_copies"] == {} and off["spread_tasks"] == 0

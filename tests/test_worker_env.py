@@ -106,6 +106,21 @@ def test_embedded_workers_sample_the_profiler_every_100ms_unless_told():
         sampled()
 
 
+def test_embedded_clusters_check_their_event_loops_every_200ms_unless_told():
+    from tests.env_steps import profiler
+
+    def tick() -> float:
+        return Pipeline("tick").source(profiler, seed=1).run(quiet=True, progress=False, workers=1).value["tick_ms"]
+
+    assert tick() == 200  # Dask's 20 ms: 75 CPU-ms per second of an idle 2-worker cluster (graph/cluster/workerenv.py)
+    with dask.config.set({"quiver.worker.tick-interval": False}):
+        assert tick() == 20  # Dask's own
+    with dask.config.set({"distributed.admin.tick.interval": "50ms"}):
+        assert tick() == 50  # a user's own setting wins
+    with dask.config.set({"quiver.worker.tick-interval": "never"}), pytest.raises(ValueError, match="'200ms'"):
+        tick()
+
+
 def test_tune_workers_slows_a_running_clusters_profiler():
     from tests.env_steps import profiler
 

@@ -32,6 +32,19 @@ second's profile for 1,000 s, and on ``examples/big_table_explore.py`` that hist
 the unmanaged memory a worker gained per minute (``docs/guide/memory.md``), which no plan sees;
 ``quiver.worker.profile-under-budget: true`` keeps it.
 
+**Dask's event-loop health check.** Every Dask server (the scheduler, each nanny, each worker)
+wakes its event loop every 20 ms (``distributed.admin.tick.interval``) to measure how late the
+loop runs, for the "event loop was unresponsive" log line and the dashboard's tick figure.  An
+embedded cluster of 2 workers has five such servers: idle, its processes used 75 CPU-ms per
+second between them, 36 with the check every second instead (``distributed.admin.tick.interval``
+alone; 15-20 with the memory monitor, profiler and system monitor slowed as well), and in issue
+47's search (workload (c), 40 trials on a loaded 2-core machine) the scheduler's process and the
+workers' event loops used 1.9 CPU-seconds instead of 2.7-3.0 with it at 200 ms, CPU the fits get
+instead.  Embedded clusters check every :data:`TICK_INTERVAL` (200 ms): a loop blocked past
+Dask's ``distributed.admin.tick.limit`` (3 s) is still reported.  The dask config key
+``quiver.worker.tick-interval`` changes it (``False``: Dask's own); a
+``distributed.admin.tick.interval`` you set yourself wins.
+
 On a cluster you started yourself, either start the workers with the variable set (it must be
 in the environment before the worker process starts)::
 
@@ -48,9 +61,9 @@ workers that join later).
 >>> embedded_environ(memory_budget="1 GiB")
 {'MALLOC_MMAP_THRESHOLD_': '131072'}
 >>> embedded_config()
-{'distributed.worker.profile.interval': '100ms'}
+{'distributed.admin.tick.interval': '200ms', 'distributed.worker.profile.interval': '100ms'}
 >>> embedded_config(memory_budget="1 GiB")
-{'distributed.worker.profile.enabled': False}
+{'distributed.admin.tick.interval': '200ms', 'distributed.worker.profile.enabled': False}
 """
 
 from __future__ import annotations
@@ -68,6 +81,8 @@ __all__ = [
     "WorkerProfiler",
     "embedded_config",
     "profile_interval",
+    "TICK_INTERVAL",
+    "tick_interval",
     "environ_restored",
     "MMAP_THRESHOLD",
     "WorkerAllocator",
@@ -86,6 +101,10 @@ DASK_MMAP_THRESHOLD = 128 * 1024
 #: how often an embedded worker's profiler samples its task threads (Dask's default: 10 ms)
 PROFILE_INTERVAL = "100ms"
 _DASK_PROFILE_INTERVAL = "10ms"
+#: how often an embedded cluster's servers check their event loop (Dask's default: 20 ms)
+TICK_INTERVAL = "200ms"
+_DASK_TICK_INTERVAL = "20ms"
+_TICK_CONFIG = "quiver.worker.tick-interval"
 _PROFILE_CONFIG = "quiver.worker.profile-interval"
 _PROFILE_BUDGET_CONFIG = "quiver.worker.profile-under-budget"
 
@@ -126,14 +145,13 @@ def embedded_environ(memory_budget: Any = None) -> dict[str, str]:
     return {_ENV: str(nbytes)}
 
 
-def profile_interval() -> str | None:
-    """The profiler interval Quiver gives workers (``None``: Dask's, untouched): the dask config
-    key ``quiver.worker.profile-interval`` (default :data:`PROFILE_INTERVAL`), unless the user
-    changed ``distributed.worker.profile.interval`` from Dask's default (theirs wins)."""
+def _interval(key: str, default: str, dask_key: str, dask_default: str) -> str | None:
+    """The interval Quiver's config ``key`` gives (default ``default``; ``None``: off, or the
+    user changed ``dask_key`` from Dask's ``dask_default``: theirs wins)."""
     import dask
     from dask.utils import parse_timedelta
 
-    value = dask.config.get(_PROFILE_CONFIG, default=PROFILE_INTERVAL)
+    value = dask.config.get(key, default=default)
     if _off(value):
         return None
     try:
@@ -141,26 +159,43 @@ def profile_interval() -> str | None:
     except (TypeError, ValueError, KeyError):
         seconds = None
     if not seconds or seconds <= 0:
-        raise ValueError(f"dask config {_PROFILE_CONFIG!r} = {value!r}: give a duration such as '100ms', "
+        raise ValueError(f"dask config {key!r} = {value!r}: give a duration such as {default!r}, "
                          "or False for Dask's own interval")
-    dasks = dask.config.get("distributed.worker.profile.interval", default=_DASK_PROFILE_INTERVAL)
-    if parse_timedelta(dasks, default="ms") != parse_timedelta(_DASK_PROFILE_INTERVAL, default="ms"):
+    dasks = dask.config.get(dask_key, default=dask_default)
+    if parse_timedelta(dasks, default="ms") != parse_timedelta(dask_default, default="ms"):
         return None  # set by the user: theirs
     return str(value)
 
 
+def profile_interval() -> str | None:
+    """The profiler interval Quiver gives workers (``None``: Dask's, untouched): the dask config
+    key ``quiver.worker.profile-interval`` (default :data:`PROFILE_INTERVAL`), unless the user
+    changed ``distributed.worker.profile.interval`` from Dask's default (theirs wins)."""
+    return _interval(_PROFILE_CONFIG, PROFILE_INTERVAL, "distributed.worker.profile.interval", _DASK_PROFILE_INTERVAL)
+
+
+def tick_interval() -> str | None:
+    """How often an embedded cluster's servers check their event loop (``None``: Dask's, untouched):
+    the dask config key ``quiver.worker.tick-interval`` (default :data:`TICK_INTERVAL`), unless the
+    user changed ``distributed.admin.tick.interval`` from Dask's default (theirs wins)."""
+    return _interval(_TICK_CONFIG, TICK_INTERVAL, "distributed.admin.tick.interval", _DASK_TICK_INTERVAL)
+
+
 def embedded_config(memory_budget: Any = None) -> dict[str, Any]:
-    """Dask config an embedded cluster's workers start with (beside Dask's own): the profiler's
-    sampling interval (:func:`profile_interval`); under a ``memory_budget``, no profiler (unless
+    """Dask config an embedded cluster's scheduler, nannies and workers start with (beside Dask's
+    own): the event-loop check's interval (:func:`tick_interval`), the profiler's sampling
+    interval (:func:`profile_interval`); under a ``memory_budget``, no profiler (unless
     the dask config key ``quiver.worker.profile-under-budget`` is true): Dask keeps each second's
     profile for 1,000 s (``distributed.admin.low-level-log-length``), tens of MiB per worker of
     unmanaged memory that a budget cannot plan, interleaved with the run's own allocations."""
     import dask
 
+    tick = tick_interval()
+    out: dict[str, Any] = {} if tick is None else {"distributed.admin.tick.interval": tick}
     if memory_budget is not None and not dask.config.get(_PROFILE_BUDGET_CONFIG, default=False):
-        return {"distributed.worker.profile.enabled": False}
+        return {**out, "distributed.worker.profile.enabled": False}
     interval = profile_interval()
-    return {} if interval is None else {"distributed.worker.profile.interval": interval}
+    return out if interval is None else {**out, "distributed.worker.profile.interval": interval}
 
 
 @contextlib.contextmanager

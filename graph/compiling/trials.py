@@ -47,7 +47,7 @@ from ..errors import PipelineError
 from ..spec import Alternative, Call, ChooseSpec, ExploreSpec, SearchSpec, SourceSpec, Spec, StepSpec, describe
 from .compiler import compile_spec
 
-__all__ = ["SearchSpace", "Proposal", "CompiledProposal", "compile_proposal", "suggest"]
+__all__ = ["SearchSpace", "Proposal", "CompiledProposal", "compile_proposal", "suggest", "common_keys"]
 
 
 def _kind(dist: Any) -> str:
@@ -209,6 +209,47 @@ class SearchSpace:
             choices[s.name] = (alt.label, dict(call.params))
         search = self.search
         return Proposal(ChooseSpec(prev, search.metric, search.metric_name, search.mode), choices)
+
+
+class _FirstAnswers:
+    """A trial that answers every question with its first choice or its lower bound: the
+    branch :func:`common_keys` compiles without asking a sampler (no study trial is made)."""
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return list(choices)[0]
+
+    def suggest_float(self, name: str, low: float, high: float, step: Any = None, log: bool = False) -> float:
+        return low
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        return low
+
+
+def common_keys(space: SearchSpace) -> tuple[str, ...]:
+    """The step keys every proposal of ``space`` reads, inputs first: the source and the steps
+    before the first explore that asks the sampler anything (several alternatives, or a
+    distribution). Each trial's branch starts with these same keys (same step, parameters and
+    input), so their results are inputs shared by all the trials (``graph.run.adaptive`` copies
+    them to every worker the moment they exist).
+
+    >>> from graph.spec import SourceSpec, StepSpec, ExploreSpec, SearchSpec, Alternative, Call
+    >>> def load(): return 1
+    >>> def prep(x): return x
+    >>> def fit(x, n): return {"v": x + n}
+    >>> line = StepSpec(SourceSpec("demo", Call(load, (), "load")), Call(prep, (), "prep"))
+    >>> alts = (Alternative("fit", Call(fit, (("n", 1),), "fit")), Alternative("fit2", Call(fit, (("n", 2),), "fit")))
+    >>> [k.split("-")[0] for k in common_keys(SearchSpace(SearchSpec(ExploreSpec(line, "m", alts), "v", "v")))]
+    ['load', 'prep']
+    """
+    fixed = 0
+    for s in space.line:
+        if isinstance(s, ExploreSpec):
+            ex = space.explores[s.name]
+            if len(ex.choices) > 1 or any(ex.params[0]):
+                break
+        fixed += 1
+    path = compile_proposal(space.suggest(_FirstAnswers())).path
+    return path[: 1 + fixed]
 
 
 def compile_proposal(proposal: Proposal) -> CompiledProposal:

@@ -39,7 +39,8 @@ from ..state.machine import runs_iterative
 from . import runplugins
 from .runplugins import RunPlugin
 
-__all__ = ["COPY_STIMULUS", "CopyShared", "copy_targets", "install", "remove", "shared_inputs", "training_keys"]
+__all__ = ["COPY_STIMULUS", "CopyShared", "copy_targets", "install", "install_shared", "remove", "shared_inputs",
+           "training_keys"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,17 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     if not dask.config.get("quiver.shared-copies", default=True):
         return None
     shared = shared_inputs(compiled.dependents, training_keys(compiled) if training is None else training, budgeted)
-    if not shared:
+    return install_shared(client, shared, timeout)
+
+
+def install_shared(client: Any, shared: Mapping[str, int], timeout: float = 10.0) -> str | None:
+    """Register a :class:`CopyShared` for ``shared`` (``{key: readers}``) on ``client``'s
+    scheduler: for a run whose shared inputs are known without a compiled run (an adaptive
+    search: the keys every trial reads, ``graph.compiling.trials.common_keys``). Returns its
+    name, or ``None`` as :func:`install` does. ``dask config quiver.shared-copies: False`` turns it off."""
+    import dask
+
+    if not shared or not dask.config.get("quiver.shared-copies", default=True):
         return None
     deadline = time.monotonic() + timeout
     try:

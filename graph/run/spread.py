@@ -49,7 +49,7 @@ from ..config import config_flag
 from . import runplugins
 from .runplugins import RunPlugin
 
-__all__ = ["SpreadReady", "enabled", "install", "place_ready", "remove", "spread_keys"]
+__all__ = ["SpreadReady", "enabled", "install", "install_readers", "place_ready", "remove", "spread_keys"]
 
 _CONFIG = "quiver.spread-ready"
 
@@ -112,12 +112,15 @@ def spread_keys(compiled: Any) -> set[str]:
 
 class SpreadReady(RunPlugin):
     """On the scheduler: when one of ``keys``' inputs comes into memory, the readers it made ready
-    that :func:`place_ready` sends elsewhere get a loose restriction to that worker. ``placed``
-    counts them; :func:`remove` returns it."""
+    that :func:`place_ready` sends elsewhere get a loose restriction to that worker. ``inputs``:
+    results whose readers are placed so whatever their keys (a run that submits its tasks as it
+    goes, an adaptive search, names the inputs its tasks will read instead). ``placed`` counts
+    them; :func:`remove` returns it."""
 
-    def __init__(self, name: str, keys: Iterable[str]):
+    def __init__(self, name: str, keys: Iterable[str], inputs: Iterable[str] = ()):
         super().__init__(name)
         self.keys = frozenset(keys)
+        self.inputs = frozenset(inputs)
         self.placed = 0
 
     def outcome(self) -> int:
@@ -131,21 +134,29 @@ class SpreadReady(RunPlugin):
         ts = self._scheduler.tasks.get(key)
         if ts is None or len(ts.dependents) < 2:
             return
-        self._place([d for d in ts.dependents if d.key in self.keys and d.state == "waiting" and not d.waiting_on])
+        every = key in self.inputs
+        self._place([d for d in ts.dependents
+                     if (every or d.key in self.keys) and d.state == "waiting" and not d.waiting_on])
 
     def update_graph(self, scheduler, *args, tasks=None, **kwargs: Any) -> None:
         # a submission whose tasks read only results in memory (a stage after a choose): called
         # before Dask makes them ready and places them
         if self._scheduler is None:
             self._scheduler = scheduler
-        found = (scheduler.tasks.get(k) for k in (tasks or ()) if k in self.keys)
-        self._place([t for t in found if t is not None and t.state == "released" and t.dependencies
-                     and all(d.state == "memory" for d in t.dependencies)])
+        found = [t for t in (scheduler.tasks.get(k) for k in (tasks or ())) if t is not None]
+        ready = [t for t in found if t.state == "released" and t.dependencies
+                 and all(d.state == "memory" for d in t.dependencies)]
+        mine = [t for t in ready if t.key in self.keys]
+        if mine:
+            self._place(mine)
+        elif self.inputs:  # one trial at a time: a single reader of a shared input is placed too
+            self._place([t for t in ready if any(d.key in self.inputs for d in t.dependencies)], at_least=1)
 
-    def _place(self, ready: list) -> None:
-        """Restrict the ``ready`` tasks that :func:`place_ready` sends away from their inputs."""
+    def _place(self, ready: list, at_least: int = 2) -> None:
+        """Restrict the ``ready`` tasks that :func:`place_ready` sends away from their inputs
+        (none when fewer than ``at_least`` of them are ready: a lone task is Dask's to place)."""
         ready = sorted((d for d in ready if not d.worker_restrictions), key=lambda d: d.priority)
-        if len(ready) < 2:
+        if len(ready) < at_least or not ready:
             return
         from distributed.core import Status
 
@@ -185,6 +196,17 @@ def install(client: Any, compiled: Any, budgeted: bool = False, timeout: float =
     if len(keys) < 2:
         return None
     return runplugins.install(client, SpreadReady(runplugins.plugin_name("quiver-spread"), keys), timeout,
+                              "the ready-task spread")
+
+
+def install_readers(client: Any, inputs: Iterable[str], timeout: float = 10.0) -> str | None:
+    """Register a :class:`SpreadReady` that places the readers of ``inputs`` (a run whose tasks
+    are not known when it starts: an adaptive search, whose trials all read the same source);
+    returns its name (``None``: turned off, no inputs, or the scheduler did not answer)."""
+    inputs = frozenset(inputs)
+    if not inputs or not enabled():
+        return None
+    return runplugins.install(client, SpreadReady(runplugins.plugin_name("quiver-spread"), (), inputs), timeout,
                               "the ready-task spread")
 
 

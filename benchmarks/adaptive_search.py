@@ -412,7 +412,7 @@ def main() -> None:
                 print(f"[{r + 1}/{repeats}] {w:6s} {method:11s} wall {res['wall']:7.2f} s  best {res['best_value']:.4f}  "
                       f"{extra}", flush=True)
     summary: dict = {}
-    targets = {"prefix": 1.5, "flat": 1.0, "pruned": 1.0}
+    targets = {"prefix": 1.5, "flat": 1.0, "pruned": 1.2}  # issue 47: (a) >= 1.5x, (b) >= 1.2x, (c) never slower
     print(f"\nsize {size}: {SIZES[size][0]} rows x {FEATURES} features, {SIZES[size][1]} TPE trials, medians of {repeats}"
           + (f"; pruned: load_digits, {PRUNED_SIZES[size][0]} epochs, {PRUNED_SIZES[size][1]} trials"
              if "pruned" in workloads else ""))

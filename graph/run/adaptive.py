@@ -218,7 +218,7 @@ class _Search:
         """The search metric of one report (NaN when it lacks it)."""
         try:
             return float(extract_metric(values, self.search.metric, f"search({self.search.metric_name!r})")[0])
-        except Exception:  # a report without the metric: NaN, as the pruner sees a diverged value
+        except (KeyError, TypeError, ValueError):  # a report without the metric (or not a number): NaN, as the pruner sees a diverged value
             return float("nan")
 
     def judge(self, ins: Judge) -> Verdict:

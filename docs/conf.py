@@ -90,3 +90,16 @@ html_theme_options = {
 }
 html_static_path: list[str] = []
 templates_path = ["_templates"]  # classes: their own members only (not scikit-learn's inherited ones)
+
+
+def _skip_metadata_request_setters(app, what, name, obj, skip, options):
+    """scikit-learn makes ``set_<method>_request`` on every estimator class whose method takes
+    metadata (``OptunaSearchCV.fit``'s ``groups``); their docstrings cite scikit-learn's own
+    glossary and labels, which this site does not have: they are scikit-learn's, not Quiver's."""
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_metadata_request_setters)

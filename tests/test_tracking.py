@@ -289,9 +289,22 @@ def test_a_tracker_that_is_not_there_costs_one_warning(client):
     assert list(result.table["status"]) == ["ok", "ok"] and result.value["score"] == 0.01
 
 
-def test_a_stopped_run_ends_failed_or_killed_with_its_unfinished_branches(server, client):
+@pytest.fixture
+def own_client():
+    """A cluster of this test's own: on the suite's shared one, a step an earlier test cancelled
+    may still hold a worker's only thread (Dask cannot stop a running task), queueing the fast
+    branch behind it until the slow one ended first (seen once in CI)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_a_stopped_run_ends_failed_or_killed_with_its_unfinished_branches(server, own_client):
+    client = own_client
     node = (Pipeline("interrupted").source(ts.numbers)
-            .explore("wait", grid(ts.wait, seconds=[0.0, 5.0]))
+            .explore("wait", grid(ts.wait, seconds=[0.0, 30.0]))
             .choose("score"))
 
     def interrupt_after_the_first(driver):  # Ctrl-C, while the slow branch runs

@@ -69,6 +69,21 @@ def _optuna(where: str, what: str) -> Any:
     return optuna
 
 
+
+def _check_optuna_part(where: str, role: str, value: Any, base: type, examples: str, judges: str,
+                       study: Any) -> None:
+    """A search's sampler or pruner: an instance of Optuna's ``base``, and not beside a study
+    (whose own one then ``judges``)."""
+    if value is None:
+        return
+    if study is not None:
+        raise PipelineError(
+            f"{where}: give a {role} or a study, not both: the study's own {judges} "
+            f"(optuna.create_study({role}=..., storage=...) and pass study=)."
+        )
+    if not isinstance(value, base):
+        raise PipelineError(f"{where}: {role} must be an Optuna {role} ({examples}), got {type(value).__name__}.")
+
 def check_search(where: str, spec: Spec, metric: Any, mode: Any, n_trials: Any, sampler: Any, study: Any,
                  in_flight: Any, pruner: Any = None) -> None:
     """Refuse a search that cannot run, before anything runs."""
@@ -89,26 +104,13 @@ def check_search(where: str, spec: Spec, metric: Any, mode: Any, n_trials: Any, 
                 + (" Leave it out for one proposal per worker thread." if name == "in_flight" else "")
             )
     optuna = _optuna(where, "a search")
-    if sampler is not None and study is not None:
-        raise PipelineError(
-            f"{where}: give a sampler or a study, not both: the study's own sampler proposes "
-            "(optuna.create_study(sampler=..., storage=...) and pass study=)."
-        )
-    if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler):
-        raise PipelineError(
-            f"{where}: sampler must be an Optuna sampler (optuna.samplers.TPESampler(seed=0), "
-            f"RandomSampler, CmaEsSampler, GPSampler, GridSampler...), got {type(sampler).__name__}."
-        )
-    if pruner is not None and study is not None:
-        raise PipelineError(
-            f"{where}: give a pruner or a study, not both: the study's own pruner judges the reports "
-            "(optuna.create_study(pruner=..., ...) and pass study=)."
-        )
-    if pruner is not None and not isinstance(pruner, optuna.pruners.BasePruner):
-        raise PipelineError(
-            f"{where}: pruner must be an Optuna pruner (optuna.pruners.MedianPruner(), "
-            f"SuccessiveHalvingPruner, HyperbandPruner...), got {type(pruner).__name__}."
-        )
+    for role, value, base, examples, judges in (
+        ("sampler", sampler, optuna.samplers.BaseSampler, "optuna.samplers.TPESampler(seed=0), RandomSampler, "
+         "CmaEsSampler, GPSampler, GridSampler...", "sampler proposes"),
+        ("pruner", pruner, optuna.pruners.BasePruner, "optuna.pruners.MedianPruner(), SuccessiveHalvingPruner, "
+         "HyperbandPruner...", "pruner judges the reports"),
+    ):
+        _check_optuna_part(where, role, value, base, examples, judges, study)
     if study is not None:
         if not isinstance(study, optuna.Study):
             raise PipelineError(

@@ -71,7 +71,8 @@ class MLflow:
     ``sqlite:///mlflow.db``, a directory; ``None``: MLflow's default, ``$MLFLOW_TRACKING_URI``),
     ``experiment`` (created when missing), ``run_name`` (default: the pipeline's name), ``tags``
     (added to the parent run), ``timeout`` (seconds one tracker call may take; the end of the run
-    waits at most ``3 * timeout`` for what is still being logged).
+    waits at most ``3 * timeout`` for what is still being logged, at most ``timeout`` after
+    Ctrl-C).
 
     >>> MLflow(experiment="digits", tags={"team": "vision"}).tags
     {'team': 'vision'}
@@ -278,7 +279,7 @@ class Tracker:
         try:
             self._end_unfinished(exc, status)
         finally:
-            self._close(wait=min(5.0, self.spec.timeout) if status == "KILLED" else 3 * self.spec.timeout)
+            self._close(wait=self.spec.timeout if status == "KILLED" else 3 * self.spec.timeout)
 
     def watcher(self, on_driver: Any = None) -> Any:
         """The ``on_driver`` hook of ``graph.run.executor.execute``: listens to the driver's state

@@ -69,7 +69,6 @@ def _optuna(where: str, what: str) -> Any:
     return optuna
 
 
-
 def _check_optuna_part(where: str, role: str, value: Any, base: type, examples: str, judges: str,
                        study: Any) -> None:
     """A search's sampler or pruner: an instance of Optuna's ``base``, and not beside a study
@@ -83,6 +82,7 @@ def _check_optuna_part(where: str, role: str, value: Any, base: type, examples: 
         )
     if not isinstance(value, base):
         raise PipelineError(f"{where}: {role} must be an Optuna {role} ({examples}), got {type(value).__name__}.")
+
 
 def check_search(where: str, spec: Spec, metric: Any, mode: Any, n_trials: Any, sampler: Any, study: Any,
                  in_flight: Any, pruner: Any = None) -> None:

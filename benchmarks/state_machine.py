@@ -1,10 +1,15 @@
 """Cost of the exploration state machine alone per task (no cluster, no Dask): events fed in
-dependency order in batches of 8, as a driver would. `PYTHONPATH=. python benchmarks/state_machine.py`"""
+dependency order in batches of 8, as a driver would. `python benchmarks/state_machine.py`"""
+import sys
 import time
 from collections import deque
-from pipelines import Pipeline, grid
-from tests import steps
-from graph.state import ExplorationState, Start, Submit, Gather, MetricRead, TaskFinished
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/steps.py, as the docs' command runs it
+
+from pipelines import Pipeline, grid  # noqa: E402
+from tests import steps  # noqa: E402
+from graph.state import ExplorationState, Start, Submit, Gather, MetricRead, TaskFinished  # noqa: E402
 
 
 def run(n):

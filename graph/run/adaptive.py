@@ -360,6 +360,14 @@ class _Search:
             out.append(row)
         return out
 
+    def settle(self, deadline: float) -> None:
+        """Wait, until ``deadline`` (``time.monotonic()``), for the submitted tasks not yet done."""
+        from distributed import wait
+
+        pending = [f for f in self.futures.values() if not f.done()]
+        if pending:
+            wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+
     def release_all(self) -> None:
         if self.listener is not None:
             self.listener.close()
@@ -473,6 +481,11 @@ def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None =
             wall = time.perf_counter() - started
             deadline = time.monotonic() + CLEANUP_SECONDS
             executed: dict = {}
+            with contextlib.suppress(Exception):
+                # a trial is told when its last step sends its metric, which can reach this client
+                # before the scheduler has the step's own end: wait for the steps still running, so
+                # the counter is read after their transitions (else executed < unique, now and then)
+                run.settle(deadline)
             with contextlib.suppress(Exception):
                 executed = within(deadline, c.run_on_scheduler, _executed_on_scheduler, name=counter.name,
                                   what="reading the search's counter")

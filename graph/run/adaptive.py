@@ -462,6 +462,7 @@ def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None =
         stall = opts.stall_seconds  # None: the watchdog is off
         watchdog = Sampler(c, run.stop, stall, progress=lambda: run.outcomes).start() if stall else None
         copies = placing = None
+        ended = False  # the search ran to its end (no error, no Ctrl-C): only then are its tasks awaited
         try:
             copies, placing = _share_common(c, space, search.n_trials)
             run.listen()
@@ -472,6 +473,7 @@ def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None =
             if run.stopped is not None:
                 raise RunError(run.stopped)
             value = run.best_value()
+            ended = True
         except BaseException as exc:  # any end (Ctrl-C too): open trials are told FAIL, then it propagates
             run.abort(f"{type(exc).__name__}: {exc}")
             raise
@@ -481,11 +483,13 @@ def run_search(search: SearchSpec, client: Any = None, opts: RunOptions | None =
             wall = time.perf_counter() - started
             deadline = time.monotonic() + CLEANUP_SECONDS
             executed: dict = {}
-            with contextlib.suppress(Exception):
-                # a trial is told when its last step sends its metric, which can reach this client
-                # before the scheduler has the step's own end: wait for the steps still running, so
-                # the counter is read after their transitions (else executed < unique, now and then)
-                run.settle(deadline)
+            if ended:
+                with contextlib.suppress(Exception):
+                    # a trial is told when its last step sends its metric, which can reach this client
+                    # before the scheduler has the step's own end: wait for the steps still running, so
+                    # the counter is read after their transitions (else executed < unique, now and then);
+                    # not after an error or Ctrl-C, which must not wait on tasks that may never end
+                    run.settle(deadline)
             with contextlib.suppress(Exception):
                 executed = within(deadline, c.run_on_scheduler, _executed_on_scheduler, name=counter.name,
                                   what="reading the search's counter")

@@ -142,3 +142,14 @@ def test_a_memory_budget_runs_its_workers_without_the_profiler_unless_told():
     assert sampled(memory_budget="1200 MiB") is None
     with dask.config.set({"quiver.worker.profile-under-budget": True}):
         assert sampled(memory_budget="1200 MiB") == 100
+
+
+def test_the_shared_test_cluster_checks_its_loops_as_embedded_ones_and_leaves_the_config_alone(client):
+    """tests/conftest.py's session cluster idles most of the session: it starts with Quiver's
+    embedded intervals, and the config the other tests read is still Dask's own."""
+    from tests.env_steps import profiler
+
+    r = client.submit(profiler, 1, pure=False).result()
+    assert (r["tick_ms"], r["profile_ms"]) == (200, 100)
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"
+    assert dask.config.get("distributed.worker.profile.interval") == "10ms"
